@@ -1,0 +1,125 @@
+"""The engine seam: token ids in, token ids + per-token logprobs out, streamed.
+
+An engine owns its tokenizer and chat template; the proxy never samples or scores text itself.
+Every engine, local (transformers) or remote (vLLM over HTTP), implements `Engine.stream`:
+an async iterator of `TokenChunk`s, the last of which carries the `finish_reason`.
+Cancelling the iterator (closing it, or cancelling the task that drives it) aborts generation.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request (down, overloaded, crashed). Retriable."""
+
+
+class ContextLengthExceeded(ValueError):
+    """The prompt plus the requested completion does not fit the engine's context."""
+
+    def __init__(self, prompt_tokens: int, max_context: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_context = max_context
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens, the model's context length is {max_context}"
+        )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `temperature == 0` means greedy.
+
+    Logprobs are "processed": the log-probability of the sampled token under the distribution it
+    was actually drawn from (after temperature, top-k and top-p), as vLLM reports with
+    `--logprobs-mode processed_logprobs`. Greedy decoding reports the raw (T=1) logprob.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 512
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class TokenChunk:
+    """Tokens sampled since the previous chunk. The last chunk of a stream has `finish_reason`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class Completion:
+    """A whole generation, assembled from a stream."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "abort"
+    policy_version: int = 0
+
+    def add(self, chunk: TokenChunk) -> None:
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+
+
+class Engine(abc.ABC):
+    """A policy that samples completions for token prompts.
+
+    Subclasses set `tokenizer` (a transformers tokenizer carrying the chat template),
+    `max_context` (prompt + completion tokens), `model_name` and `stop_token_ids` (tokens that end
+    an assistant turn; sampling one ends the stream with `finish_reason="stop"`, and the token is
+    part of the completion). `policy_version` is set by the trainer after each weight update;
+    every completion is tagged with the version it was sampled under.
+    """
+
+    model_name: str = "policy"
+    max_context: int = 4096
+    policy_version: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self):  # -> transformers.PreTrainedTokenizerBase
+        ...
+
+    @abc.abstractmethod
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
+        """Sample a completion token by token. Raises `ContextLengthExceeded` before sampling
+        when the prompt does not fit, `EngineError` when the engine cannot serve."""
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        completion = Completion(policy_version=self.policy_version)
+        async for chunk in self.stream(prompt_ids, sampling):
+            completion.add(chunk)
+        return completion
+
+    def check_fits(self, prompt_len: int) -> None:
+        # A prompt that leaves no room for a single new token can never be answered.
+        if prompt_len >= self.max_context:
+            raise ContextLengthExceeded(prompt_len, self.max_context)
+
+    async def aclose(self) -> None:
+        """Release what the engine holds (threads, HTTP clients). Idempotent."""

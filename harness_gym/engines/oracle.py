@@ -1,0 +1,75 @@
+"""`oracle` and `oracle:noop`: scripted policies for tests and demonstrations.
+
+The oracle reads which task the conversation is about (a registered task's problem statement
+appears in the prompt), finds the harness's shell tool in the prompt's tool list (`bash`, `Bash`,
+`terminal`, ...: whatever the CLI calls it), applies the task's gold patch through that tool, and
+then answers that it is done. `oracle:noop` answers "done" at once without touching the repo.
+Tokens come from the tiny tokenizer and logprobs are the tiny model's real scores of them
+(see `ScriptedEngine`), so their traces are as real as a sampled policy's.
+
+The env registers its tasks with `add_tasks`; nothing else needs to know the answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from .scripted import ScriptedEngine
+from .transformers_engine import TransformersEngine
+
+SHELL_TOOL_NAMES = ("bash", "terminal", "shell", "run_shell_command", "execute_command", "exec")
+_TOOLS_SECTION = re.compile(r"<tools>(.*?)</tools>", re.S)
+_TOOL_NAME = re.compile(r'"name":\s*"([^"]+)"')
+_KEY_CHARS = 200  # how much of a problem statement identifies its task
+DONE = "The fix is applied and the tests should pass now."
+
+
+class OracleEngine(ScriptedEngine):
+    def __init__(self, scorer: TransformersEngine, *, noop: bool = False) -> None:
+        super().__init__(scorer, self._answer, model_name="oracle-noop" if noop else "oracle")
+        self.noop = noop
+        self._patches: dict[str, str] = {}
+
+    def add_tasks(self, tasks: Iterable[Any]) -> None:
+        """Register tasks (anything with `problem_statement` and `patch`)."""
+        for task in tasks:
+            self._patches[_task_key(task.problem_statement)] = task.patch
+
+    def _answer(self, prompt: str) -> str:
+        if self.noop:
+            return "Done."
+        patch = next((p for key, p in self._patches.items() if key in prompt), None)
+        shell = find_shell_tool(prompt)
+        if patch is None or shell is None:
+            missing = "task" if patch is None else "shell tool"
+            return f"I cannot solve this: the oracle found no registered {missing} in the prompt."
+        if "<tool_response>" in prompt:  # our one call has run
+            return DONE
+        command = f"git apply --whitespace=nowarn <<'HARNESS_GYM_PATCH'\n{patch}HARNESS_GYM_PATCH"
+        call = {"name": shell, "arguments": {"command": command}}
+        return f"I will apply the fix.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def _task_key(problem_statement: str) -> str:
+    return problem_statement.strip()[:_KEY_CHARS]
+
+
+def find_shell_tool(prompt: str) -> str | None:
+    """The name of the shell tool in the prompt's `<tools>` section, if there is one."""
+    names = [n for section in _TOOLS_SECTION.findall(prompt) for n in _TOOL_NAME.findall(section)]
+    for wanted in SHELL_TOOL_NAMES:
+        for name in names:
+            if name.lower() == wanted:
+                return name
+    return None
+
+
+def load_oracle_engine(arg: str = "") -> OracleEngine:
+    if arg not in ("", "noop"):
+        raise ValueError(f"unknown oracle variant {arg!r}: use 'oracle' or 'oracle:noop'")
+    from .tiny import load_tiny_engine
+
+    return OracleEngine(load_tiny_engine(), noop=arg == "noop")

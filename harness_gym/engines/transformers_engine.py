@@ -1,0 +1,197 @@
+"""`TransformersEngine`: an in-process transformers causal LM behind the `Engine` seam.
+
+Generation runs on one worker thread (see `_decode_worker`); this module is the asyncio face of
+it: each stream hands the worker a request whose chunks come back through an `asyncio.Queue`,
+and leaving the stream (closing it, breaking out, or cancelling its task) tells the worker to
+drop the request at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._decode_worker import DecodeRequest, DecodeWorker
+from .base import ContextLengthExceeded, Engine, EngineError, SamplingParams, TokenChunk
+
+
+class TransformersEngine(Engine):
+    """Samples from a transformers causal LM on this machine.
+
+    Several concurrent streams progress together (one token each per round). The same
+    `SamplingParams.seed` gives the same tokens whether the stream is consumed chunk by chunk or
+    through `generate()`, alone or alongside other streams.
+
+    >>> import asyncio
+    >>> from harness_gym.engines import SamplingParams, load_engine
+    >>> engine = load_engine("tiny")
+    >>> ids = engine.tokenizer.apply_chat_template(
+    ...     [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)
+    >>> out = asyncio.run(engine.generate(ids, SamplingParams(max_tokens=8, seed=0)))
+    >>> len(out.token_ids) == len(out.logprobs) == 8, out.finish_reason
+    (True, 'length')
+    >>> engine.close()
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "policy",
+        max_context: int | None = None,
+        stop_token_ids: Iterable[int] = (),
+        num_threads: int | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self._tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_context = int(max_context or _config_max_context(model.config))
+        self.stop_token_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
+        self._worker = DecodeWorker(
+            model, max_context=self.max_context, name=model_name, num_threads=num_threads
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        *,
+        model_name: str | None = None,
+        chat_template: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> TransformersEngine:
+        """Load a local model directory (never the network). Stop tokens: the generation
+        config's and tokenizer's EOS, plus `<|im_end|>` when the vocabulary has it."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = Path(directory).expanduser()
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no model directory at {directory}")
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+        model.to(device)
+        return cls(
+            model,
+            tokenizer,
+            model_name=model_name or directory.name,
+            stop_token_ids=_default_stop_token_ids(model, tokenizer),
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def active_requests(self) -> int:
+        """Streams the worker is still generating for."""
+        return self._worker.active_requests
+
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens sampled since the engine started, all streams together."""
+        return self._worker.tokens_generated
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        # Checked here, not at the first iteration, so a caller can answer with an error before
+        # it starts a streamed response.
+        prompt = list(prompt_ids)  # a private copy: the caller may reuse its list
+        if not prompt:
+            raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
+        self.check_fits(len(prompt))
+        self._worker.check_open()
+        return self._stream(prompt, sampling)
+
+    async def _stream(self, prompt: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+        request = DecodeRequest(
+            prompt_ids=prompt,
+            sampling=sampling,
+            stop_token_ids=frozenset(self.stop_token_ids).union(sampling.stop_token_ids),
+            generator=_generator(sampling.seed),
+            deliver=lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
+        )
+        self._worker.submit(request)
+        try:
+            while True:
+                item = await inbox.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            request.cancel()
+
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """Teacher-forced raw (T=1) logprobs of `completion_ids` after `prompt_ids`, in one
+        forward pass. Blocks the calling thread; from async code use `ascore`."""
+        return self._score_future(prompt_ids, completion_ids).result()
+
+    async def ascore(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """`score` without blocking the event loop."""
+        return await asyncio.wrap_future(self._score_future(prompt_ids, completion_ids))
+
+    def _score_future(
+        self, prompt_ids: Sequence[int], completion_ids: Sequence[int]
+    ) -> Future[list[float]]:
+        prompt, completion = list(prompt_ids), list(completion_ids)
+        if not prompt:
+            raise ValueError("prompt_ids is empty: the first token has nothing to be scored after")
+        if len(prompt) + len(completion) > self.max_context:
+            raise ContextLengthExceeded(len(prompt) + len(completion), self.max_context)
+        return self._worker.score(prompt, completion)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the worker thread (blocking). Open streams end with finish_reason "abort"."""
+        self._worker.close(timeout)
+
+    async def aclose(self) -> None:
+        # The worker finishes the step it is in (a long prefill can take seconds): wait off-loop.
+        await asyncio.to_thread(self._worker.close)
+
+
+def load_hf_engine(path: str) -> TransformersEngine:
+    """Entry point for the `hf:PATH` spec: any local transformers causal-LM directory."""
+    if not path:
+        raise ValueError("the hf engine needs a model directory: use 'hf:/path/to/model'")
+    return TransformersEngine.from_pretrained(path)
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()  # nondeterministic, from the OS
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def _config_max_context(config: Any) -> int:
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text_config, "max_position_embeddings", None)
+    if not value:
+        raise EngineError("the model config has no max_position_embeddings: pass max_context")
+    return int(value)
+
+
+def _default_stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    stops: list[int] = []
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    stops.extend([eos] if isinstance(eos, int) else list(eos or []))
+    if tokenizer.eos_token_id is not None:
+        stops.append(tokenizer.eos_token_id)
+    im_end = tokenizer.get_vocab().get("<|im_end|>")
+    if im_end is not None:
+        stops.append(im_end)
+    return stops

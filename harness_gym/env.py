@@ -1,0 +1,191 @@
+"""`HarnessSWE-v0`: one `step()` is one whole episode of a real coding-agent CLI on a task.
+
+    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
+    >>> env = gym.make("HarnessSWE-v0", harness="pi", engine="oracle")
+    >>> problem, info = env.reset(seed=0)
+    >>> _, reward, terminated, truncated, info = env.step({"policy_version": 0})
+    >>> info["outcome"], reward, len(info["trace"])
+    ('passed', 0.99, 1)
+    >>> env.close()
+
+Observation: the task's problem statement (a `str`; `AnyText` space). Action: a dict, every key
+optional (`None` works too): `policy_version` (int, the version of the weights the engine is
+serving, recorded on every call of the episode) and `temperature` (float in [0, 2], overriding
+the session's sampling). Each step ends the episode: `terminated` is True, `truncated` False;
+time-outs are reported as `info["outcome"] == "timeout"`. `info` holds the keys documented in
+DESIGN.md (trace segments as plain lists).
+
+Heavy resources (engine, proxy, harness install) are created at the first `reset()`, so
+`gymnasium.make` is cheap and `close()` releases everything the env started.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from .engines import Engine, load_engine
+from .episode import EpisodeResult, EpisodeRunner
+from .harness import HarnessSpec, load_harness
+from .proxy import InterceptionProxy
+from .rewards import RewardConfig
+from .sandbox import SandboxBackend, load_sandbox
+from .tasks.loader import TaskSpec, load_tasks
+from .tasks.task import Task
+
+MAX_PROBLEM_CHARS = 200_000
+
+
+class AnyText(spaces.Text):
+    """A `Text` space that contains every string up to `max_length` characters.
+
+    Gymnasium's `Text` only admits characters of its charset (alphanumerics by default), and
+    issue texts hold any Unicode. Sampling still draws from printable ASCII.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__(max_length=max_length, min_length=0,
+                         charset="".join(chr(c) for c in range(32, 127)))
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+ACTION_SPACE = spaces.Dict(
+    {
+        "policy_version": spaces.Discrete(2**31 - 1),
+        "temperature": spaces.Box(0.0, 2.0, shape=(), dtype=np.float32),
+    }
+)
+
+
+class HarnessSWEEnv(gym.Env[str, dict]):
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        harness: str | HarnessSpec = "pi",
+        tasks: TaskSpec | list[Task] = "builtin",
+        engine: str | Engine = "smollm2",
+        sandbox: str | SandboxBackend = "local",
+        reward: RewardConfig | dict[str, Any] | None = None,
+        episode_timeout_s: float = 900.0,
+        test_timeout_s: float = 300.0,
+        sampling: dict[str, Any] | None = None,
+        render_mode: str | None = None,
+        progress: bool = False,
+    ) -> None:
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if episode_timeout_s <= 0 or test_timeout_s <= 0:
+            raise ValueError("episode_timeout_s and test_timeout_s must be positive")
+        self.harness = load_harness(harness)
+        self.tasks = load_tasks(tasks)
+        self.reward_config = RewardConfig.coerce(reward)
+        self.render_mode = render_mode
+        self.observation_space = AnyText(MAX_PROBLEM_CHARS)
+        self.action_space = ACTION_SPACE
+        self._engine_spec = engine
+        self._sandbox_spec = sandbox
+        self._sampling = dict(sampling or {})
+        self._episode_timeout_s = episode_timeout_s
+        self._test_timeout_s = test_timeout_s
+        self._progress = progress
+        self._runner: EpisodeRunner | None = None
+        self._owns_engine = not isinstance(engine, Engine)
+        self._task: Task | None = None
+        self._last: EpisodeResult | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _start(self) -> EpisodeRunner:
+        if self._runner is None:
+            engine = load_engine(self._engine_spec)
+            if hasattr(engine, "add_tasks"):  # the oracle needs to know the answers
+                engine.add_tasks(self.tasks)
+            say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
+            self.harness.install(progress=say)
+            proxy = InterceptionProxy(engine).start()
+            self._runner = EpisodeRunner(
+                proxy,
+                self.harness,
+                load_sandbox(self._sandbox_spec),
+                reward=self.reward_config,
+                episode_timeout_s=self._episode_timeout_s,
+                test_timeout_s=self._test_timeout_s,
+            )
+        return self._runner
+
+    @property
+    def engine(self) -> Engine:
+        return self._start().proxy.engine
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        runner.proxy.stop()
+        runner.backend.close()
+        runner.close()
+        engine = runner.proxy.engine
+        if self._owns_engine and hasattr(engine, "close"):
+            engine.close()
+
+    # --- gymnasium API --------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Pick a task: `options={"task_id": ...}` names one, else the seeded RNG draws one."""
+        super().reset(seed=seed)
+        self._start()
+        task_id = (options or {}).get("task_id")
+        if task_id is not None:
+            matches = [t for t in self.tasks if t.instance_id == task_id]
+            if not matches:
+                known = ", ".join(t.instance_id for t in self.tasks)
+                raise ValueError(f"no task {task_id!r} in this suite; known: {known}")
+            self._task = matches[0]
+        else:
+            self._task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        self._last = None
+        return self._task.problem_statement, {"task_id": self._task.instance_id,
+                                              "repo": self._task.repo}
+
+    def step(self, action: dict[str, Any] | None) -> tuple[str, float, bool, bool, dict]:
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before step(): each step is one episode")
+        sampling, version = parse_action(action, self._sampling)
+        self._last = self._start().run(self._task, sampling=sampling, policy_version=version)
+        observation = self._task.problem_statement
+        self._task = None  # one episode per reset
+        return observation, self._last.reward, True, False, self._last.info()
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._last is None:
+            return None
+        r = self._last
+        return (f"{r.task_id} [{r.harness}] {r.outcome} reward={r.reward:.3f} "
+                f"llm_calls={r.n_llm_calls} tool_calls={r.n_tool_calls}")
+
+
+def parse_action(
+    action: dict[str, Any] | None, base_sampling: dict[str, Any]
+) -> tuple[dict[str, Any], int | None]:
+    """(session sampling, policy version) from an action; see the module docstring."""
+    if action is None:
+        return dict(base_sampling), None
+    if not isinstance(action, dict):
+        raise TypeError(f"an action is a dict (or None), got {type(action).__name__}")
+    unknown = set(action) - set(ACTION_SPACE.spaces)
+    if unknown:
+        raise ValueError(f"unknown action keys {sorted(unknown)}; known: {list(ACTION_SPACE.spaces)}")
+    sampling = dict(base_sampling)
+    if action.get("temperature") is not None:
+        sampling["temperature"] = float(np.asarray(action["temperature"]))
+    version = action.get("policy_version")
+    return sampling, None if version is None else int(version)

@@ -1,0 +1,298 @@
+"""The harness plugin seam: what harness-gym knows about one coding-agent CLI, kept as data.
+
+A harness plugin is a `HarnessSpec` subclass registered in the entry-point group
+`harness_gym.harnesses` (the built-ins are registered the same way in setup.cfg). It states its
+package (manager, name, pinned version, executable), the API dialect it speaks, the name of its
+shell tool, the fixed environment that keeps it offline, and three small functions of the
+endpoint: its argv, its config files (written into the sandbox's HOME) and its endpoint
+environment. `parse_output` reads what the CLI printed.
+
+One episode, as the environment drives it::
+
+    harness = load_harness("pi")
+    harness.install(progress=print)                  # once per machine; cached, lock-protected
+    plan = harness.prepare(sandbox, Endpoint(base_url, api_key, model="policy"), task_text)
+    job = sandbox.start(plan.argv, cwd=plan.cwd, env=plan.env)
+    result = job.wait(timeout=episode_timeout_s)      # kills the process group on timeout
+    output = harness.parse_output(result.stdout)      # final message, the CLI's tool-call count
+
+Installs go to `$HARNESS_GYM_CACHE/harnesses/<name>-<version>/` (default
+`~/.cache/harness-gym`), never into the repo or a sandbox: 200-350 MB per CLI, shared by every
+episode. The executable's path is a host path; a backend whose commands do not see the host's
+filesystem must bind the cache dir in at the same path.
+"""
+
+from __future__ import annotations
+
+import abc
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from .sandbox.base import Job, Sandbox
+
+Dialect = Literal["openai-chat", "anthropic-messages", "openai-responses"]
+Progress = Callable[[str], None]
+
+ENTRY_POINT_GROUP = "harness_gym.harnesses"
+INSTALL_TIMEOUT_S = 900
+_INSTALLED_MARKER = ".harness-gym-installed.json"
+
+
+class HarnessError(RuntimeError):
+    """A harness could not be found, installed or prepared."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a harness sends its model calls.
+
+    `base_url` is the server root without a version path (`http://127.0.0.1:8123`); each spec
+    appends what its client library expects (`/v1` for OpenAI SDKs; Anthropic's SDK adds
+    `/v1/messages` itself). `api_key` is the proxy session key.
+    """
+
+    base_url: str
+    api_key: str
+    model: str = "policy"
+    context_length: int = 65_536
+    max_tokens: int = 4_096
+
+
+@dataclass(frozen=True)
+class Package:
+    """A CLI as its registry knows it. `bin` is the executable's name once installed."""
+
+    manager: Literal["npm", "pip"]
+    name: str
+    version: str
+    bin: str
+    extras: tuple[str, ...] = ()  # more requirement specs installed beside it, pinned too
+
+    @property
+    def relocatable(self) -> bool:
+        # npm's .bin links are relative, so a staged node_modules can be renamed into place;
+        # a venv's scripts carry absolute shebangs and must be built where they will live.
+        return self.manager == "npm"
+
+    def executable_in(self, prefix: Path) -> Path:
+        sub = "node_modules/.bin" if self.manager == "npm" else "bin"
+        return prefix / sub / self.bin
+
+    def install_into(self, prefix: Path) -> None:
+        if self.manager == "npm":
+            commands = [
+                [
+                    "npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                    "--loglevel=error", f"{self.name}@{self.version}", *self.extras,
+                ]
+            ]
+        else:
+            commands = [
+                [sys.executable, "-m", "venv", str(prefix)],
+                [
+                    str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", f"{self.name}=={self.version}", *self.extras,
+                ],
+            ]
+        env = {**os.environ, "npm_config_update_notifier": "false"}
+        for argv in commands:
+            try:
+                done = subprocess.run(
+                    argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+                    stdin=subprocess.DEVNULL,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise HarnessError(f"`{' '.join(argv)}` could not run: {exc}") from exc
+            if done.returncode != 0:
+                raise HarnessError(
+                    f"`{' '.join(argv)}` failed with exit code {done.returncode}:\n"
+                    f"{(done.stderr or done.stdout)[-2000:]}"
+                )
+
+
+@dataclass
+class LaunchPlan:
+    """How to start the CLI headless: argv, its environment (added to the sandbox's), cwd."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None  # None: the sandbox's workdir
+
+
+@dataclass
+class HarnessOutput:
+    """What the CLI reported. `n_tool_calls` is the CLI's own count, None if it prints none."""
+
+    final_message: str | None
+    n_tool_calls: int | None
+    tail: str
+    error: str | None = None  # an error the CLI reported (model call failed, bad config)
+
+
+def harness_cache_dir() -> Path:
+    root = os.environ.get("HARNESS_GYM_CACHE") or "~/.cache/harness-gym"
+    return Path(root).expanduser() / "harnesses"
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock: serializes installs across processes and, since each call opens its
+    own file description, across threads of one process too."""
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class HarnessSpec(abc.ABC):
+    """One coding-agent CLI. Subclasses fill in the class attributes and the three endpoint
+    functions; installing, locating and launching are shared."""
+
+    name: ClassVar[str]
+    package: ClassVar[Package]
+    dialect: ClassVar[Dialect]
+    shell_tool: ClassVar[str]  # what its shell tool is called in the request's tool list
+    env: ClassVar[Mapping[str, str]] = {}  # fixed variables for a headless, offline run
+
+    # -- per-harness knowledge ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
+        """Arguments after the executable for one headless run on `prompt`."""
+
+    def config_files(self, endpoint: Endpoint) -> dict[str, str]:
+        """Files to write, by path relative to the sandbox's HOME."""
+        return {}
+
+    def endpoint_env(self, endpoint: Endpoint) -> dict[str, str]:
+        """Environment variables that point the CLI at `endpoint`."""
+        return {}
+
+    @abc.abstractmethod
+    def parse_output(self, stdout: str) -> HarnessOutput: ...
+
+    # -- shared machinery --------------------------------------------------------------------
+
+    def install_dir(self, cache_dir: Path | str | None = None) -> Path:
+        root = Path(cache_dir) if cache_dir is not None else harness_cache_dir()
+        return root / f"{self.name}-{self.package.version}"
+
+    def is_installed(self, cache_dir: Path | str | None = None) -> bool:
+        return (self.install_dir(cache_dir) / _INSTALLED_MARKER).is_file()
+
+    def executable(self, cache_dir: Path | str | None = None) -> Path:
+        return self.package.executable_in(self.install_dir(cache_dir))
+
+    def install(
+        self, cache_dir: Path | str | None = None, progress: Progress | None = None
+    ) -> Path:
+        """Install the pinned package into the cache once; return its directory.
+
+        Safe when many episodes start at once: one installs under a file lock, the others
+        wait and then find it done. A crashed install never looks finished: the marker file
+        is written last, and npm installs are staged in a temp dir and renamed into place.
+        """
+        target = self.install_dir(cache_dir)
+        if self.is_installed(cache_dir):
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(target.parent / f".{target.name}.lock"):
+            if self.is_installed(cache_dir):
+                return target
+            pkg = self.package
+            if progress:
+                progress(f"installing {self.name}: {pkg.manager} {pkg.name}@{pkg.version}")
+            started = time.monotonic()
+            shutil.rmtree(target, ignore_errors=True)  # leftovers of a crashed install
+            stage = (
+                Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+                if pkg.relocatable
+                else target
+            )
+            try:
+                pkg.install_into(stage)
+                if not pkg.executable_in(stage).exists():
+                    raise HarnessError(f"{pkg.name} installed, but {pkg.bin} is not in it")
+                marker = {"package": pkg.name, "version": pkg.version,
+                          "seconds": round(time.monotonic() - started, 1)}
+                (stage / _INSTALLED_MARKER).write_text(json.dumps(marker))
+                if stage != target:
+                    os.rename(stage, target)
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+            if progress:
+                progress(f"installed {self.name} in {time.monotonic() - started:.0f} s")
+        return target
+
+    def prepare(
+        self,
+        sandbox: Sandbox,
+        endpoint: Endpoint,
+        prompt: str,
+        cache_dir: Path | str | None = None,
+    ) -> LaunchPlan:
+        """Write the config files into the sandbox's HOME; return how to start the CLI."""
+        if not self.is_installed(cache_dir):
+            raise HarnessError(
+                f"{self.name} {self.package.version} is not installed in "
+                f"{self.install_dir(cache_dir)}: call install() first"
+            )
+        for rel_path, content in self.config_files(endpoint).items():
+            sandbox.write_file(f"{sandbox.home}/{rel_path}", content, mode=0o600)
+        return LaunchPlan(
+            argv=[str(self.executable(cache_dir)), *self.args(endpoint, prompt)],
+            env={**self.env, **self.endpoint_env(endpoint)},
+        )
+
+    def launch(
+        self,
+        sandbox: Sandbox,
+        endpoint: Endpoint,
+        prompt: str,
+        cache_dir: Path | str | None = None,
+    ) -> Job:
+        """`prepare`, then start the CLI in the background in its own process group."""
+        plan = self.prepare(sandbox, endpoint, prompt, cache_dir)
+        return sandbox.start(plan.argv, cwd=plan.cwd, env=plan.env)
+
+
+def available_harnesses() -> list[str]:
+    """Names of the installed harness plugins."""
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_harness(spec: str | HarnessSpec) -> HarnessSpec:
+    """A harness plugin by entry-point name (`"pi"`), or the given spec unchanged."""
+    if isinstance(spec, HarnessSpec):
+        return spec
+    found = entry_points(group=ENTRY_POINT_GROUP, name=spec)
+    if not found:
+        raise HarnessError(
+            f"unknown harness {spec!r}; installed: {', '.join(available_harnesses())}"
+            " (a harness is an entry point in the group 'harness_gym.harnesses';"
+            " is harness-gym installed, e.g. `pip install -e .`?)"
+        )
+    harness = next(iter(found)).load()()
+    if not isinstance(harness, HarnessSpec):
+        raise HarnessError(f"entry point {spec!r} made {harness!r}, not a HarnessSpec")
+    return harness
+
+
+def tail(text: str, limit: int = 4_000) -> str:
+    """The last `limit` characters, for error reports."""
+    return text[-limit:]

@@ -1,0 +1,208 @@
+"""The append-only prompt bridge: reuse the exact ids of earlier turns.
+
+Every call's messages are hashed as a chain (`h_i = H(h_{i-1} || key(m_i))`, seeded with the
+tool list), where `key` is the semantic key of `canonical.Message`. After a call, the bridge
+remembers the chain value of "its messages + the turn we sampled". A later request that contains
+that chain value at an assistant position extends the call: its prompt is the call's prompt and
+completion ids, verbatim, plus the ids of only the messages after that turn. A request whose
+chain matches no turn we sampled is rendered in full and starts a new segment (compaction,
+truncation, a system-prompt swap, a side conversation). A request identical to an earlier one is
+a retry: it reuses that call's prompt, and the earlier answer moves to a `discarded` segment.
+
+`plan` decides and builds the prompt without touching the trace; `commit` records the answer.
+The split lets generation run between them with no lock held, and lets an aborted or rejected
+call leave the trace untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from ..engines.base import Completion
+from ..trace import CallRecord, SessionTrace, TraceSegment
+from .canonical import AssistantTurn, ChatRequest, Message
+from .rendering import PromptRenderer, TemplateNotIncremental
+
+
+def _chain(previous: bytes, key: bytes) -> bytes:
+    return hashlib.blake2b(previous + key, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class TurnNode:
+    """Where one committed call's tokens live: `segment` holds its prompt in
+    `tokens[:prompt_end]` and its completion in `tokens[prompt_end:end]`."""
+
+    segment: int
+    prompt_end: int
+    end: int
+    n_calls: int  # the segment's call count once this call was appended
+    request_key: bytes
+    call_index: int
+    assistant: Message
+    turn_closed: bool  # the completion ended with a stop token
+
+
+@dataclass
+class PromptPlan:
+    prompt_ids: list[int]
+    request_key: bytes
+    tools_key: bytes
+    kind: Literal["extend", "new", "retry"]
+    parent: TurnNode | None = None  # set for "extend" and "retry"
+    inserted_ids: tuple[int, ...] = ()  # tokens after parent.end; mask 0
+
+
+class PromptBridge:
+    def __init__(self, renderer: PromptRenderer, trace: SessionTrace) -> None:
+        self.renderer = renderer
+        self.trace = trace
+        self._lock = threading.Lock()
+        self._turns: dict[bytes, TurnNode] = {}  # chain after our turn -> node
+        self._requests: dict[bytes, TurnNode] = {}  # chain of a request -> its node
+        self._agent_tools_key: bytes | None = None
+
+    def plan(self, request: ChatRequest) -> PromptPlan:
+        tools_key = request.tools_key()
+        chain = [tools_key]
+        for message in request.messages:
+            chain.append(_chain(chain[-1], message.semantic_key()))
+        request_key = chain[-1]
+        with self._lock:
+            retried = self._requests.get(request_key)
+            if retried is not None:
+                segment = self.trace.segments[retried.segment]
+                return PromptPlan(
+                    segment.tokens[: retried.prompt_end], request_key, tools_key, "retry", retried
+                )
+            for position in range(len(request.messages) - 1, -1, -1):
+                if request.messages[position].role != "assistant":
+                    continue
+                parent = self._turns.get(chain[position + 1])
+                if parent is None:
+                    continue
+                try:
+                    inserted = self.renderer.render_after(
+                        parent.assistant, request.messages[position + 1 :], parent.turn_closed
+                    )
+                except TemplateNotIncremental:
+                    break
+                segment = self.trace.segments[parent.segment]
+                prompt = segment.tokens[: parent.end]
+                prompt.extend(inserted)
+                return PromptPlan(prompt, request_key, tools_key, "extend", parent, tuple(inserted))
+        prompt = self.renderer.render_full(request.messages, request.tools)
+        return PromptPlan(prompt, request_key, tools_key, "new")
+
+    def commit(
+        self, plan: PromptPlan, completion: Completion, turn: AssistantTurn, latency_s: float
+    ) -> TurnNode:
+        """Record a finished call and remember its turn for later calls to extend."""
+        with self._lock:
+            kind, segment_index = self._place(plan)
+            segment = self.trace.segments[segment_index]
+            prompt_end = len(segment.tokens) + len(plan.inserted_ids if kind == "extend" else ())
+            segment.append_call(
+                plan.inserted_ids if kind == "extend" else (),
+                completion.token_ids,
+                completion.logprobs,
+                completion.policy_version,
+            )
+            node = TurnNode(
+                segment=segment_index,
+                prompt_end=prompt_end,
+                end=len(segment.tokens),
+                n_calls=segment.n_calls,
+                request_key=plan.request_key,
+                call_index=len(self.trace.calls),
+                assistant=turn.as_message(),
+                turn_closed=bool(completion.token_ids)
+                and completion.token_ids[-1] in self.renderer.stop_token_ids,
+            )
+            self.trace.calls.append(
+                CallRecord(
+                    segment=segment_index,
+                    prompt_tokens=len(plan.prompt_ids),
+                    completion_tokens=len(completion.token_ids),
+                    finish_reason=turn.finish_reason,
+                    n_tool_calls=len(turn.tool_calls),
+                    policy_version=completion.policy_version,
+                    bridged=plan.kind != "new",
+                    kind=kind,
+                    latency_s=latency_s,
+                )
+            )
+            self._requests[plan.request_key] = node
+            self._turns[_chain(plan.request_key, node.assistant.semantic_key())] = node
+            return node
+
+    def record_aborted(self, plan: PromptPlan, completion: Completion, latency_s: float) -> None:
+        """Keep what was sampled before an abort, in its own segment marked incomplete, so it is
+        neither lost nor stitched into a segment a trainer would learn from."""
+        with self._lock:
+            segment = TraceSegment(
+                "discarded", list(plan.prompt_ids), len(plan.prompt_ids), incomplete=True
+            )
+            segment.append_call((), completion.token_ids, completion.logprobs, completion.policy_version)
+            self.trace.segments.append(segment)
+            self.trace.calls.append(
+                CallRecord(
+                    segment=len(self.trace.segments) - 1,
+                    prompt_tokens=len(plan.prompt_ids),
+                    completion_tokens=len(completion.token_ids),
+                    finish_reason="abort",
+                    n_tool_calls=0,
+                    policy_version=completion.policy_version,
+                    bridged=plan.kind != "new",
+                    kind="aborted",
+                    latency_s=latency_s,
+                )
+            )
+
+    def _place(self, plan: PromptPlan) -> tuple[str, int]:
+        """Choose the segment a finished call goes into (caller holds the lock)."""
+        segments = self.trace.segments
+        retried = self._requests.get(plan.request_key)
+        if retried is not None and self._is_tail(retried):
+            self._discard_answer(retried)
+            return "retry", retried.segment
+        if plan.kind == "extend" and plan.parent is not None and self._is_tail(plan.parent):
+            return "extend", plan.parent.segment
+        # A new segment. Its prompt either copies an earlier call's tokens (the parent's segment
+        # has moved on: a rewrite of later history, a parallel side call) or was rendered in full.
+        # The agent is whoever uses the first call's tool set; other tool sets (title
+        # generation, sub-agents) are auxiliary.
+        if self._agent_tools_key is None:
+            self._agent_tools_key = plan.tools_key
+        role = "agent" if plan.tools_key == self._agent_tools_key else "auxiliary"
+        parent = plan.parent.segment if plan.parent is not None else None
+        segments.append(TraceSegment(role, plan.prompt_ids, len(plan.prompt_ids), parent=parent))
+        return ("branch" if parent is not None else "new"), len(segments) - 1
+
+    def _is_tail(self, node: TurnNode) -> bool:
+        segment = self.trace.segments[node.segment]
+        return (
+            segment.role != "discarded"
+            and len(segment.tokens) == node.end
+            and segment.n_calls == node.n_calls
+        )
+
+    def _discard_answer(self, node: TurnNode) -> None:
+        """Move a retried call's abandoned answer into a `discarded` segment."""
+        segment = self.trace.segments[node.segment]
+        abandoned = TraceSegment(
+            "discarded",
+            segment.tokens[: node.end],
+            node.prompt_end,
+            loss_mask=segment.loss_mask[node.prompt_end - segment.prompt_len :],
+            response_logprobs=segment.response_logprobs[node.prompt_end - segment.prompt_len :],
+            policy_versions=segment.policy_versions[node.n_calls - 1 : node.n_calls],
+            parent=node.segment,
+        )
+        segment.truncate(node.prompt_end, node.n_calls - 1)
+        self.trace.segments.append(abandoned)
+        self.trace.calls[node.call_index].segment = len(self.trace.segments) - 1
+        self._turns.pop(_chain(node.request_key, node.assistant.semantic_key()), None)

@@ -1,0 +1,139 @@
+"""The canonical conversation every dialect translates into and out of.
+
+A request from any CLI (OpenAI Chat, Anthropic Messages, OpenAI Responses) becomes a
+`ChatRequest` of `Message`s and `ToolSpec`s; the bridge, the prompt renderer, the tool-call
+parser and the trace only ever see these types.
+
+`Message.semantic_key()` is what the bridge compares: the CLIs do not echo the model's turn
+byte for byte (they re-serialize tool arguments, send `content: ""` or `null` for an empty
+turn, and Claude Code sends parsed `input` objects), so two messages are "the same turn" when
+their roles, normalised text and tool calls (names and arguments as parsed JSON) are equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made. `arguments` is parsed JSON where it parses, else the raw
+    string (kept verbatim so a malformed call still round-trips)."""
+
+    id: str
+    name: str
+    arguments: Any
+
+    def arguments_json(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return orjson.dumps(self.arguments).decode()
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as Hugging Face chat templates expect it (OpenAI shape, arguments as
+        mappings so templates can `tojson` them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    def semantic_key(self) -> bytes:
+        """16 bytes that are equal for two renderings of the same turn (see module docstring)."""
+        if self.role == "assistant":
+            # Tool call ids are ours to issue and some CLIs rewrite them; text is compared
+            # after trimming because empty turns come back as "", None or whitespace.
+            body: list[Any] = [
+                "assistant",
+                self.content.strip(),
+                [[call.name, call.arguments] for call in self.tool_calls],
+            ]
+        else:
+            body = [self.role, self.content, self.tool_call_id, self.name]
+        return hashlib.blake2b(
+            orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=16
+        ).digest()
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def template_dict(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """Sampling fields the client asked for; None means "not given"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    sampling: SamplingRequest = SamplingRequest()
+    stream: bool = False
+    include_usage: bool = False
+    model: str = ""
+
+    def tools_key(self) -> bytes:
+        """Digest of the tool list: a different tool set is a different conversation."""
+        body = [[t.name, t.description, t.parameters] for t in self.tools]
+        return hashlib.blake2b(
+            orjson.dumps(body, option=orjson.OPT_SORT_KEYS), digest_size=16
+        ).digest()
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    """What the model produced in one call, parsed: the answer a dialect sends back."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: Literal["stop", "length", "tool_calls", "abort"]
+
+    def as_message(self) -> Message:
+        return Message(role="assistant", content=self.content, tool_calls=self.tool_calls)

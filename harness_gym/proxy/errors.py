@@ -1,0 +1,44 @@
+"""Errors a call can end in, independent of dialect; each dialect renders them its own way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ErrorKind = Literal[
+    "invalid_request",  # 400: malformed JSON, wrong field types, missing fields
+    "context_length",  # 400: prompt does not fit the model's context
+    "authentication",  # 401: unknown session key
+    "not_found",  # 404
+    "overloaded",  # engine unavailable: retriable
+    "internal",  # 500
+]
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400,
+    "context_length": 400,
+    "authentication": 401,
+    "not_found": 404,
+    "overloaded": 503,
+    "internal": 500,
+}
+
+
+@dataclass
+class ProxyError(Exception):
+    kind: ErrorKind
+    message: str
+    param: str | None = None
+    prompt_tokens: int | None = None  # for context_length
+    max_context: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind]
+
+
+def invalid(message: str, param: str | None = None) -> ProxyError:
+    return ProxyError("invalid_request", message, param)

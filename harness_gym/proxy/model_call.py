@@ -1,0 +1,177 @@
+"""One model call, dialect-neutral: plan the prompt, stream from the engine, parse, record.
+
+`prepare_call` does everything that can reject a request (prompt building, the context check,
+the engine's first token), so a dialect can still answer with an HTTP error; afterwards
+`PreparedCall.events()` streams `TextDelta` / `ToolCallDone` as tokens are sampled and ends with
+`CallFinished`. Whatever happens to the stream (finished, client gone, engine failure) the trace
+gets exactly one consistent entry: a committed call, or an aborted one marked incomplete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+from ..engines.base import Completion, ContextLengthExceeded, Engine, EngineError, TokenChunk
+from .bridge import PromptPlan
+from .canonical import AssistantTurn, ChatRequest, ToolCall
+from .detokenize import IncrementalDetokenizer
+from .errors import ProxyError
+from .sessions import ProxySession
+from .tool_parsers import ParseEvent, TextDelta, ToolCallDone, make_tool_call_parser
+
+
+@dataclass(frozen=True)
+class CallFinished:
+    turn: AssistantTurn
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class ProxySettings:
+    default_max_tokens: int = 4096
+
+
+class PreparedCall:
+    def __init__(
+        self,
+        session: ProxySession,
+        engine: Engine,
+        request: ChatRequest,
+        plan: PromptPlan,
+        stream: AsyncIterator[TokenChunk],
+        first: TokenChunk,
+        started: float,
+    ) -> None:
+        self.session = session
+        self.engine = engine
+        self.request = request
+        self.plan = plan
+        self._stream = stream
+        self._first = first
+        self._started = started
+        version = session.policy_version
+        self.completion = Completion(
+            policy_version=engine.policy_version if version is None else version
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.plan.prompt_ids)
+
+    async def events(self) -> AsyncIterator[ParseEvent | CallFinished]:
+        detokenizer = IncrementalDetokenizer(self.engine.tokenizer)
+        parser = make_tool_call_parser(getattr(self.engine, "tool_call_format", "hermes"))
+        stops = self.request.sampling.stop
+        text_so_far = ""
+        text_parts: list[str] = []
+        tool_calls: list[ToolCall] = []
+        finish = None
+        try:
+            chunk: TokenChunk | None = self._first
+            while chunk is not None:
+                self.completion.add(chunk)
+                text = detokenizer.push(chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    text += detokenizer.flush()
+                if stops and text:
+                    cut = _first_stop(text_so_far + text, stops, len(text_so_far))
+                    text_so_far += text
+                    if cut is not None:
+                        text = text[: max(0, cut - (len(text_so_far) - len(text)))]
+                        finish = "stop"
+                for event in parser.feed(text):
+                    _collect(event, text_parts, tool_calls)
+                    yield event
+                if finish or chunk.finish_reason is not None:
+                    break
+                chunk = await anext(self._stream, None)
+            for event in parser.finish():
+                _collect(event, text_parts, tool_calls)
+                yield event
+        except BaseException:
+            self.completion.finish_reason = "abort"
+            self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
+            raise
+        finally:
+            # Shielded: when the client went away this runs inside a cancelled scope, and the
+            # engine must still hear that the request is over.
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()
+        if finish == "stop" and self.completion.finish_reason != "stop":
+            self.completion.finish_reason = "stop"
+        reason = self.completion.finish_reason
+        turn = AssistantTurn(
+            content="".join(text_parts),
+            tool_calls=tuple(tool_calls),
+            finish_reason="tool_calls" if tool_calls and reason == "stop" else reason,
+        )
+        self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
+        yield CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids))
+
+    async def run(self) -> CallFinished:
+        """Consume the whole call (non-streaming answers)."""
+        async for event in self.events():
+            if isinstance(event, CallFinished):
+                return event
+        raise AssertionError("a call stream always ends with CallFinished")
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
+
+async def prepare_call(
+    session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
+) -> PreparedCall:
+    started = time.perf_counter()
+    plan = await anyio.to_thread.run_sync(session.bridge.plan, request)
+    prompt_len = len(plan.prompt_ids)
+    try:
+        engine.check_fits(prompt_len)
+    except ContextLengthExceeded as exc:
+        raise _context_error(exc) from None
+    sampling = session.sampling_params(
+        request.sampling, prompt_len, engine.max_context, settings.default_max_tokens
+    )
+    try:
+        stream = engine.stream(plan.prompt_ids, sampling)
+        first = await anext(stream)
+    except StopAsyncIteration:
+        first = TokenChunk([], [], "stop")
+    except ContextLengthExceeded as exc:
+        raise _context_error(exc) from None
+    except EngineError as exc:
+        raise ProxyError("overloaded", f"the engine is unavailable, retry later: {exc}") from None
+    return PreparedCall(session, engine, request, plan, stream, first, started)
+
+
+def _context_error(exc: ContextLengthExceeded) -> ProxyError:
+    return ProxyError(
+        "context_length",
+        str(exc),
+        param="messages",
+        prompt_tokens=exc.prompt_tokens,
+        max_context=exc.max_context,
+    )
+
+
+def _collect(event: ParseEvent, text_parts: list[str], tool_calls: list[ToolCall]) -> None:
+    if isinstance(event, TextDelta):
+        text_parts.append(event.text)
+    elif isinstance(event, ToolCallDone):
+        tool_calls.append(event.call)
+
+
+def _first_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None:
+    """Index in `text` where the earliest stop string starts, looking only at matches that end
+    after `search_from` (earlier text was already checked)."""
+    best = None
+    for stop in stops:
+        at = text.find(stop, max(0, search_from - len(stop) + 1))
+        if at >= 0 and (best is None or at < best):
+            best = at
+    return best

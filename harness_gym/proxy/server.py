@@ -1,0 +1,124 @@
+"""`InterceptionProxy`: the proxy as a Python object, serving on loopback from its own thread.
+
+    >>> from harness_gym.proxy import InterceptionProxy
+    >>> with InterceptionProxy("tiny") as proxy:                     # doctest: +SKIP
+    ...     session = proxy.open_session()
+    ...     # point any OpenAI client at proxy.base_url with api_key=session.session_id
+    ...     trace = session.trace_json()
+
+The socket is bound before the server thread starts (port 0 picks a free port), so `base_url`
+is known at once and no caller races the server's start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+from ..engines import Engine, load_engine
+from .app import ProxyApp
+from .model_call import ProxySettings
+from .rendering import PromptRenderer
+from .sessions import ProxySession, SessionRegistry
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # a faster loop where installed (it is a dependency on Linux)
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class InterceptionProxy:
+    def __init__(
+        self,
+        engine: Engine | str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        admin_key: str | None = None,
+        settings: ProxySettings | None = None,
+    ) -> None:
+        self.engine = load_engine(engine)
+        self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids)
+        self.sessions = SessionRegistry(self.renderer)
+        self._socket = socket.socket(
+            socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+        )
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = host, self._socket.getsockname()[1]
+        shown_host = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown_host}:{self.port}"
+        self.base_url = self.url + "/v1"
+        self.app = ProxyApp(
+            self.engine, self.sessions, settings=settings, admin_key=admin_key,
+            base_url=self.base_url,
+        )
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> InterceptionProxy:
+        if self._thread is not None:
+            return self
+        config = uvicorn.Config(
+            self.app.asgi, log_level="warning", lifespan="off", access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+        self._server = uvicorn.Server(config)
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            loop = _new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve(started))
+            except BaseException as exc:  # surfaced to start()'s caller
+                failure.append(exc)
+                started.set()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name="harness-gym-proxy", daemon=True)
+        self._thread.start()
+        started.wait(30)
+        if failure or not started.is_set():
+            raise RuntimeError(f"the proxy failed to start: {failure[0] if failure else 'timeout'}")
+        return self
+
+    async def _serve(self, started: threading.Event) -> None:
+        assert self._server is not None
+        self._socket.listen(2048)
+        serve = asyncio.ensure_future(self._server.serve(sockets=[self._socket]))
+        while not self._server.started and not serve.done():
+            await asyncio.sleep(0.005)
+        started.set()
+        await serve
+
+    def open_session(
+        self, policy_version: int | None = None, sampling: dict[str, Any] | None = None
+    ) -> ProxySession:
+        return self.sessions.open(policy_version, sampling)
+
+    def close_session(self, session_id: str) -> ProxySession:
+        return self.sessions.close(session_id)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self._thread = None
+        self._socket.close()
+
+    def __enter__(self) -> InterceptionProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,128 @@
+"""Sessions: one per rollout. The API key a CLI sends *is* the session id."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engines.base import SamplingParams
+from ..trace import SessionTrace
+from .bridge import PromptBridge
+from .canonical import SamplingRequest
+from .errors import ProxyError, invalid
+from .rendering import PromptRenderer
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+
+
+def parse_session_sampling(raw: Any) -> dict[str, Any]:
+    """Validate the trainer's sampling overrides for a session (POST /sessions)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise invalid("'sampling' must be an object", "sampling")
+    unknown = set(raw) - set(SAMPLING_KEYS)
+    if unknown:
+        raise invalid(
+            f"unknown sampling keys {sorted(unknown)}; known: {list(SAMPLING_KEYS)}", "sampling"
+        )
+    for key, value in raw.items():
+        integral = key in ("top_k", "max_tokens", "seed")
+        ok = isinstance(value, int) if integral else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok:
+            kind = "an integer" if integral else "a number"
+            raise invalid(f"sampling.{key} must be {kind}", f"sampling.{key}")
+    try:
+        SamplingParams(**{k: v for k, v in raw.items() if k != "seed"})
+    except ValueError as exc:
+        raise invalid(f"sampling: {exc}", "sampling") from None
+    return dict(raw)
+
+
+@dataclass
+class ProxySession:
+    """A rollout's view of the proxy.
+
+    Sampling precedence: the proxy's defaults, then what the request asks for, then the session's
+    overrides (the trainer owns sampling; a CLI's own `temperature` must not change p_old's
+    meaning). `max_tokens` from the session is a cap; the engine's context is the last word.
+    """
+
+    session_id: str
+    renderer: PromptRenderer
+    sampling: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
+    trace: SessionTrace = field(default_factory=SessionTrace)
+    created: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.bridge = PromptBridge(self.renderer, self.trace)
+        self.closed = False
+
+    def sampling_params(
+        self, request: SamplingRequest, prompt_len: int, max_context: int, default_max_tokens: int
+    ) -> SamplingParams:
+        values: dict[str, Any] = {"max_tokens": default_max_tokens}
+        for key in SAMPLING_KEYS:
+            given = getattr(request, key)
+            if given is not None:
+                values[key] = given
+        cap = self.sampling.get("max_tokens", default_max_tokens)
+        values.update({k: v for k, v in self.sampling.items() if k != "max_tokens"})
+        values["max_tokens"] = max(1, min(values["max_tokens"], cap, max_context - prompt_len))
+        return SamplingParams(**values)
+
+    def trace_json(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "segments": self.trace.to_dicts(),
+            "n_llm_calls": self.trace.n_llm_calls,
+            "n_tool_calls": self.trace.n_tool_calls,
+        }
+
+
+class SessionRegistry:
+    def __init__(self, renderer: PromptRenderer) -> None:
+        self._renderer = renderer
+        self._sessions: dict[str, ProxySession] = {}
+        self._lock = threading.Lock()
+
+    def open(
+        self, policy_version: int | None = None, sampling: dict[str, Any] | None = None
+    ) -> ProxySession:
+        session_id = "hg-" + secrets.token_urlsafe(24)
+        session = ProxySession(
+            session_id, self._renderer, parse_session_sampling(sampling), policy_version
+        )
+        with self._lock:
+            self._sessions[session_id] = session
+        return session
+
+    def find(self, session_id: str) -> ProxySession | None:
+        with self._lock:
+            return self._sessions.get(session_id)
+
+    def get(self, session_id: str) -> ProxySession:
+        """The session a dialect call's key names; unknown keys are an authentication error."""
+        session = self.find(session_id)
+        if session is None:
+            raise ProxyError(
+                "authentication",
+                "Incorrect API key provided: the key is not an open harness-gym session "
+                "(did the env close it?)",
+            )
+        return session
+
+    def close(self, session_id: str) -> ProxySession:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise ProxyError("not_found", f"session {session_id!r} not found")
+        session.closed = True
+        return session
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,117 @@
+"""The sandbox seam: where a rollout's repository lives and where its commands run.
+
+`SandboxBackend.create(spec)` gives a fresh, isolated `Sandbox` for one rollout. A sandbox runs
+commands (`exec` to completion, `start` in the background as a `Job` in its own process group),
+moves files in and out, and `close()` removes everything it created. Backends: `local` (a temp
+dir and a process group), later `bwrap`, `docker`, `e2b`, `hf`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not be created, a command could not be started)."""
+
+
+@dataclass
+class ExecResult:
+    exit_code: int  # -signal when killed by a signal; 124 when the timeout fired
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+@dataclass
+class SandboxSpec:
+    """What a rollout needs in its sandbox.
+
+    `repo` is a host directory copied (with its .git) to `Sandbox.workdir`; `image` is for
+    container backends; `env` is added to every command's environment (HOME always points at the
+    sandbox's own home).
+    """
+
+    repo: Path | None = None
+    image: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    label: str = "rollout"
+
+
+class Job(abc.ABC):
+    """A background command in its own process group."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the command; on timeout kill its whole process group and return with
+        `timed_out=True`."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Kill the whole process group now. Idempotent."""
+
+    @abc.abstractmethod
+    def poll(self) -> int | None:
+        """The exit code if the command ended, else None."""
+
+
+class Sandbox(abc.ABC):
+    """One rollout's isolated machine: a working copy of the task repo and a fresh HOME."""
+
+    workdir: str  # the repo's path as commands inside the sandbox see it
+    home: str  # HOME as commands inside the sandbox see it
+
+    @abc.abstractmethod
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run to completion. A str runs under `bash -c` (not a login shell: /etc/profile
+        resets PATH and drops the one the caller set). On timeout the process group is killed
+        and `timed_out` is set."""
+
+    @abc.abstractmethod
+    def start(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout_path: str | None = None,
+    ) -> Job:
+        """Start in the background, in its own process group."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Kill everything still running and remove everything created. Idempotent."""
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SandboxBackend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    def close(self) -> None:
+        """Release backend-wide resources (clients, reapers)."""

@@ -1,0 +1,289 @@
+"""The `local` sandbox: a temp dir and a process group per command, on the host itself.
+
+No isolation beyond the filesystem layout and a clean environment: commands see the host's
+files and network. What it does guarantee is cleanup (DESIGN invariant 5): every command runs
+in its own session, a timeout kills the whole group, and killing a job or closing the sandbox
+also kills processes that left the group with setsid(), found by marker variables
+(HARNESS_GYM_JOB_ID, HARNESS_GYM_SANDBOX_ID) in their environment.
+
+Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close()`)::
+
+    work/   copy of the task repo, .git included   (Sandbox.workdir)
+    home/   an empty HOME for the harness's state  (Sandbox.home)
+    tmp/    TMPDIR, so temp files die with the sandbox
+    logs/   stdout/stderr files of commands (outside work/, so they never show in the diff)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from . import _processes as procs
+from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+TIMEOUT_EXIT_CODE = 124
+
+# Variables passed through from the host; everything else (API keys, tokens, HTTP_PROXY, which
+# would send a CLI's loopback traffic to a corporate proxy) stays out.
+_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME")
+
+
+def _base_env(root: Path, marker: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _PASSTHROUGH if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(
+        TERM="dumb",
+        NO_COLOR="1",
+        SHELL="/bin/bash",
+        TMPDIR=str(root / "tmp"),
+        NO_PROXY="127.0.0.1,localhost,::1",
+        no_proxy="127.0.0.1,localhost,::1",
+    )
+    env[procs.SANDBOX_MARKER] = marker
+    return env
+
+
+def _argv(command: Sequence[str] | str) -> list[str]:
+    # Not `bash -lc`: a login shell sources /etc/profile, which on Debian resets PATH for root
+    # and drops the PATH the caller gave (a task's venv python silently became /usr/bin/python).
+    return ["bash", "-c", command] if isinstance(command, str) else list(command)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+class LocalJob(Job):
+    """A command running in its own session; stdout and stderr go to two files."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        job_id: str,
+        stdout_path: Path,
+        stderr_path: Path,
+        started: float,
+    ) -> None:
+        self._proc = proc
+        self.pid = proc.pid  # == its process group id and session id
+        self.id = job_id  # HARNESS_GYM_JOB_ID of the command and all it starts
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self._started = started
+        self._timed_out = False
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        return procs.peek_exit(self._proc)
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        code = procs.wait_exit(self._proc, timeout)
+        if code is None:
+            self._timed_out = True
+            self.kill()
+            code = TIMEOUT_EXIT_CODE
+        elif self._timed_out:
+            code = TIMEOUT_EXIT_CODE
+        return ExecResult(
+            exit_code=code,
+            stdout=_read_text(self.stdout_path),
+            stderr=_read_text(self.stderr_path),
+            timed_out=self._timed_out,
+            duration_s=time.monotonic() - self._started,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the group, also when the leader has already exited (a harness that exits
+        leaves the dev server its agent started running), and whatever left the group with
+        setsid (Pi runs each bash tool call in a new session)."""
+        with self._lock:
+            procs.kill_group_and_reap(self._proc)
+            procs.kill_marked(procs.JOB_MARKER, self.id)
+
+    def reap(self) -> None:
+        """Collect the exited leader without touching the rest of its group."""
+        with self._lock:
+            if procs.peek_exit(self._proc) is not None:
+                self._proc.wait()
+
+
+class LocalSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.id = uuid.uuid4().hex[:16]
+        self.root = Path(tempfile.mkdtemp(prefix="harness-gym-"))
+        self._jobs: list[LocalJob] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        try:
+            work = self.root / "work"
+            if spec.repo is not None:
+                shutil.copytree(spec.repo, work, symlinks=True)
+            else:
+                work.mkdir()
+            for sub in ("home", "tmp", "logs"):
+                (self.root / sub).mkdir()
+        except BaseException as exc:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise SandboxError(f"could not create a sandbox from {spec.repo}: {exc}") from exc
+        self.workdir = str(work)
+        self.home = str(self.root / "home")
+        self._env = _base_env(self.root, self.id)
+        self._env.update(spec.env)
+
+    # -- paths and environment -------------------------------------------------------------
+
+    def path(self, path: str) -> Path:
+        """A sandbox path on the host: relative paths are relative to the work dir."""
+        return Path(self.workdir, path)
+
+    def _command_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = {**self._env, **(env or {})}
+        merged["HOME"] = self.home
+        merged[procs.SANDBOX_MARKER] = self.id
+        return merged
+
+    def _log_path(self, kind: str) -> Path:
+        return self.root / "logs" / f"{uuid.uuid4().hex[:12]}.{kind}"
+
+    def _spawn(
+        self,
+        command: Sequence[str] | str,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdout_path: Path,
+        stdin_path: Path | None,
+    ) -> LocalJob:
+        self._check_open()
+        job_id = uuid.uuid4().hex
+        stderr_path = stdout_path.with_name(stdout_path.name + ".stderr")
+        stdout_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            with (
+                open(stdout_path, "wb") as out,
+                open(stderr_path, "wb") as err,
+                open(stdin_path or os.devnull, "rb") as stdin,
+            ):
+                proc = subprocess.Popen(
+                    _argv(command),
+                    cwd=self.path(cwd) if cwd else self.workdir,
+                    env={**self._command_env(env), procs.JOB_MARKER: job_id},
+                    stdin=stdin,  # never the host's: a CLI that reads stdin would hang on it
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            raise SandboxError(f"could not start {command!r}: {exc}") from exc
+        job = LocalJob(proc, job_id, stdout_path, stderr_path, started)
+        with self._lock:
+            self._jobs.append(job)
+        return job
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.root} is closed")
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        # Output goes to files, not pipes: with pipes, a `cmd &` left behind holds them open
+        # and the read never ends although the command itself has exited.
+        stdin_path = None
+        if stdin is not None:
+            stdin_path = self._log_path("stdin")
+            stdin_path.write_bytes(stdin)
+        job = self._spawn(command, cwd, env, self._log_path("out"), stdin_path)
+        result = job.wait(timeout)
+        job.reap()  # anything it left running in the background dies at close()
+        with self._lock:
+            self._jobs.remove(job)
+        for path in (job.stdout_path, job.stderr_path, stdin_path):
+            if path is not None:
+                path.unlink(missing_ok=True)
+        return result
+
+    def start(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout_path: str | None = None,
+    ) -> LocalJob:
+        """Start in the background. stdout goes to `stdout_path` (default: a file under the
+        sandbox's logs/), stderr to the same path plus `.stderr`."""
+        out = self.path(stdout_path) if stdout_path else self._log_path("out")
+        return self._spawn(command, cwd, env, out, None)
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        target = self.path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        target.chmod(mode)
+
+    def read_file(self, path: str) -> bytes:
+        try:
+            return self.path(path).read_bytes()
+        except OSError as exc:
+            raise SandboxError(f"could not read {path} in sandbox {self.root}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.kill()
+        procs.kill_marked(procs.SANDBOX_MARKER, self.id)
+        _rmtree(self.root)
+
+
+def _rmtree(root: Path) -> None:
+    """Remove a tree that may hold read-only dirs (Go's module cache, chmod'ed fixtures)."""
+
+    def make_writable_and_retry(func: Callable[[str], object], path: str, _exc: object) -> None:
+        try:
+            os.chmod(os.path.dirname(path), stat.S_IRWXU)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, stat.S_IRWXU)
+            func(path)
+        except FileNotFoundError:
+            pass
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(root, onexc=make_writable_and_retry)
+    else:
+        shutil.rmtree(root, onerror=make_writable_and_retry)
+
+
+class LocalSandboxBackend(SandboxBackend):
+    """Sandboxes as temp dirs on this host. Isolation: filesystem layout and env only."""
+
+    name = "local"
+
+    def create(self, spec: SandboxSpec) -> LocalSandbox:
+        return LocalSandbox(spec)

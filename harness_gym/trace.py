@@ -1,0 +1,122 @@
+"""The token-faithful trace of one session: segments of exact token ids and p_old.
+
+A segment is one unbroken token sequence: the first call's prompt, then for each later call the
+tokens the proxy inserted (tool results, user turns: `loss_mask` 0, logprob 0.0) and the tokens
+the engine sampled (`loss_mask` 1, the engine's logprob). Storage is linear in the episode's
+length: each call adds only its new tokens.
+
+Exported segments (`TraceSegment.to_dict`) hold plain Python lists, so they serialise to JSON
+and Parquet unchanged; wrap them in `numpy.asarray` where arrays are wanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SegmentRole = Literal["agent", "auxiliary", "discarded"]
+
+
+@dataclass
+class TraceSegment:
+    role: SegmentRole
+    tokens: list[int]  # prompt followed by response
+    prompt_len: int
+    loss_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)  # one per call, in order
+    incomplete: bool = False  # generation was aborted (client gone, engine failed)
+    parent: int | None = None  # index of the segment whose tokens this one's prompt copies
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.tokens[: self.prompt_len]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def n_calls(self) -> int:
+        return len(self.policy_versions)
+
+    def append_call(
+        self,
+        inserted_ids: Sequence[int],
+        sampled_ids: Sequence[int],
+        sampled_logprobs: Sequence[float],
+        policy_version: int,
+    ) -> None:
+        if len(sampled_ids) != len(sampled_logprobs):
+            raise ValueError("every sampled token needs exactly one logprob")
+        self.tokens.extend(inserted_ids)
+        self.loss_mask.extend([0] * len(inserted_ids))
+        self.response_logprobs.extend([0.0] * len(inserted_ids))
+        self.tokens.extend(sampled_ids)
+        self.loss_mask.extend([1] * len(sampled_ids))
+        self.response_logprobs.extend(sampled_logprobs)
+        self.policy_versions.append(policy_version)
+
+    def truncate(self, length: int, n_calls: int) -> None:
+        """Cut back to the first `length` tokens and `n_calls` calls (a retried call's
+        abandoned answer is moved elsewhere first)."""
+        if length < self.prompt_len:
+            raise ValueError("cannot truncate into the segment's first prompt")
+        keep = length - self.prompt_len
+        del self.tokens[length:]
+        del self.loss_mask[keep:]
+        del self.response_logprobs[keep:]
+        del self.policy_versions[n_calls:]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "loss_mask": list(self.loss_mask),
+            "response_logprobs": list(self.response_logprobs),
+            "policy_version": min(self.policy_versions, default=0),
+            "policy_versions": list(self.policy_versions),
+            "n_calls": self.n_calls,
+            "incomplete": self.incomplete,
+            "parent": self.parent,
+        }
+
+
+@dataclass
+class CallRecord:
+    """Bookkeeping for one model call (small: no token ids)."""
+
+    segment: int
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    n_tool_calls: int
+    policy_version: int
+    bridged: bool  # the prompt extended an earlier call's tokens
+    kind: str  # "extend", "new", "branch", "retry", "aborted"
+    latency_s: float
+
+
+@dataclass
+class SessionTrace:
+    segments: list[TraceSegment] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def n_llm_calls(self) -> int:
+        return sum(1 for c in self.calls if c.kind != "aborted")
+
+    @property
+    def n_tool_calls(self) -> int:
+        """Tool calls the model emitted (counted at the proxy, harness-agnostic), excluding
+        answers the client abandoned."""
+        return sum(
+            c.n_tool_calls
+            for c in self.calls
+            if c.kind != "aborted" and self.segments[c.segment].role != "discarded"
+        )
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self.segments]

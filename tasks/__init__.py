@@ -1,0 +1,64 @@
+"""Task suites, loaders and the grader (installed as `harness_gym.tasks`).
+
+    from harness_gym.tasks import grade, load_tasks, materialize
+
+    tasks = load_tasks("builtin")
+    materialize(tasks[0], Path("/tmp/rollout-0"))  # a git repo at tasks[0].base_commit
+    # ... a sandbox holding that repo, an agent working in it, then:
+    result = grade(tasks[0], sandbox, timeout_s=120)
+    result.outcome, result.f2p, result.patch
+
+Modules: `task` (the `Task` record), `loader` (suites, deterministic repos), `grader`
+(SWE-bench grading through the sandbox seam), `log_parsers` (test logs -> statuses, a registry),
+`diffs` (paths a patch touches). The shipped suite lives in `builtin/`, one folder per task.
+"""
+
+from __future__ import annotations
+
+from .grader import (
+    GradeResult,
+    GroupCounts,
+    Outcome,
+    PatchApplyError,
+    apply_patch,
+    capture_patch,
+    grade,
+    judge_tests,
+)
+from .loader import BUILTIN_SUITE_DIR, TaskSpec, load_tasks, materialize
+from .log_parsers import (
+    LogParser,
+    TestStatus,
+    UnknownLogParserError,
+    get_log_parser,
+    log_parser_names,
+    parse_junit_xml,
+    parse_pytest_log,
+    register_log_parser,
+)
+from .task import Task, TaskError
+
+__all__ = [
+    "BUILTIN_SUITE_DIR",
+    "GradeResult",
+    "GroupCounts",
+    "LogParser",
+    "Outcome",
+    "PatchApplyError",
+    "Task",
+    "TaskError",
+    "TaskSpec",
+    "TestStatus",
+    "UnknownLogParserError",
+    "apply_patch",
+    "capture_patch",
+    "get_log_parser",
+    "grade",
+    "judge_tests",
+    "load_tasks",
+    "log_parser_names",
+    "materialize",
+    "parse_junit_xml",
+    "parse_pytest_log",
+    "register_log_parser",
+]

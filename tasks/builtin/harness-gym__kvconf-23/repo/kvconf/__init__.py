@@ -1,0 +1,5 @@
+from .config import Config
+from .errors import ParseError
+from .parser import parse
+
+__all__ = ["Config", "ParseError", "parse"]

@@ -1,0 +1,5 @@
+from .errors import PageOutOfRange
+from .page import Page
+from .paginator import Paginator
+
+__all__ = ["Page", "PageOutOfRange", "Paginator"]

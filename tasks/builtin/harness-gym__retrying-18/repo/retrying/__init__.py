@@ -1,0 +1,4 @@
+from .decorator import retry
+from .errors import RetryError
+
+__all__ = ["RetryError", "retry"]

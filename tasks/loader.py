@@ -1,0 +1,239 @@
+"""Where tasks come from, and how a directory task becomes a git repository.
+
+`load_tasks` reads a suite: `"builtin"`, a task directory (one folder per task: `task.json` +
+`repo/`), a JSONL file of SWE-rebench V2 / SWE-bench rows, a list of `Task`s (or row dicts), or
+the name of an entry point in the `harness_gym.tasks` group (a callable returning any of those).
+
+`materialize` copies a directory task's `repo/` and commits it once with fixed author, committer,
+dates and message, so the base commit's hash depends only on the files: the same on every
+machine, and equal to the `base_commit` that `load_tasks` gives the task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from .git_hash import CommitIdentity, commit_hash
+from .task import Task, TaskError
+
+__all__ = ["BASE_COMMIT_IDENTITY", "BUILTIN_SUITE_DIR", "TaskSpec", "load_tasks", "materialize"]
+
+BUILTIN_SUITE_DIR = Path(__file__).parent / "builtin"
+ENTRY_POINT_GROUP = "harness_gym.tasks"
+
+TaskSpec = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
+
+# Build litter that must never reach a task's commit (it would change the hash) nor an agent's
+# captured patch (the grader stages everything that is not ignored).
+_BUILD_LITTER = ("__pycache__", "*.pyc", ".pytest_cache", ".git")
+_GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n"
+
+# Fixed identity, time and message: the commit hash is then a pure function of the tree.
+BASE_COMMIT_IDENTITY = CommitIdentity(
+    name="harness-gym",
+    email="tasks@harness-gym.invalid",
+    epoch_s=946_684_800,  # 2000-01-01T00:00:00Z
+    message="base",
+)
+# The user's own git config (signing, hooks, templates, autocrlf) must not leak into the commit.
+_GIT_ISOLATION = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def load_tasks(spec: TaskSpec, *, install_config: Mapping[str, Any] | None = None) -> list[Task]:
+    """Load a task suite. `install_config` fills rows that have none (plain SWE-bench rows keep
+    their test commands outside the dataset). Raises `TaskError` saying what is wrong, where."""
+    tasks = _resolve(spec, install_config)
+    if not tasks:
+        raise TaskError(f"no tasks found in {spec!r}")
+    seen: set[str] = set()
+    for task in tasks:
+        if task.instance_id in seen:
+            raise TaskError(f"instance_id {task.instance_id!r} appears twice in {spec!r}")
+        seen.add(task.instance_id)
+    return [_with_base_commit(task) for task in tasks]
+
+
+def materialize(task: Task, dest: Path) -> str:
+    """Copy `task.repo_dir` to `dest` (absent or empty) as a git repo with one deterministic
+    commit; return its hash."""
+    if task.repo_dir is None:
+        raise TaskError(
+            f"task {task.instance_id!r} has no repo_dir to materialize: it is a dataset row; run "
+            f"it with a container backend that starts from image_name={task.image_name!r}"
+        )
+    commit = _commit_tree(task.repo_dir, Path(dest))
+    if task.base_commit and task.base_commit != commit:
+        raise TaskError(
+            f"task {task.instance_id!r}: {task.repo_dir} now commits as {commit}, not as its "
+            f"base_commit {task.base_commit}; the files changed after loading, reload the suite"
+        )
+    return commit
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+
+def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
+    if isinstance(spec, (str, os.PathLike)):
+        if os.fspath(spec) == "builtin":
+            return _load_directory(BUILTIN_SUITE_DIR)
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            return _load_directory(path)
+        if path.is_file():
+            return _load_rows_file(path, install_config)
+        if isinstance(spec, str) and (entry := _entry_point(spec)) is not None:
+            loaded = entry.load()
+            return _resolve(loaded() if callable(loaded) else loaded, install_config)
+        raise TaskError(
+            f"task suite {spec!r} is not 'builtin', not an existing directory or .jsonl file, "
+            f"and not an entry point in {ENTRY_POINT_GROUP!r} "
+            f"(installed: {', '.join(sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP))) or 'none'})"
+        )
+    if isinstance(spec, Iterable):
+        return [_task_from_item(item, install_config, f"item {i}") for i, item in enumerate(spec)]
+    raise TaskError(
+        f"tasks must be a suite name, a path or a list of Task objects, got {type(spec).__name__}"
+    )
+
+
+def _entry_point(name: str) -> Any:
+    matches = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    return next(iter(matches), None)
+
+
+def _task_from_item(item: Any, install_config: Mapping[str, Any] | None, where: str) -> Task:
+    if isinstance(item, Task):
+        return item
+    if isinstance(item, Mapping):
+        row = dict(item)
+        if install_config is not None and "install_config" not in row:
+            row["install_config"] = dict(install_config)
+        try:
+            return Task.from_dict(row)
+        except TaskError as error:
+            if "install_config" not in row:
+                raise TaskError(
+                    f"{where}: {error}\n  (plain SWE-bench rows carry no install_config: pass "
+                    "load_tasks(..., install_config={'test_cmd': ..., 'log_parser': ...}))"
+                ) from None
+            raise TaskError(f"{where}: {error}") from None
+    raise TaskError(f"{where}: expected a Task or a row dict, got {type(item).__name__}")
+
+
+def _load_rows_file(path: Path, install_config: Mapping[str, Any] | None) -> list[Task]:
+    if path.suffix == ".json":  # one JSON list of rows
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise TaskError(f"{path}: not valid JSON: {error}") from None
+        if not isinstance(rows, list):
+            raise TaskError(f"{path}: a .json task file must hold a list of rows")
+        return [_task_from_item(row, install_config, f"{path}[{i}]") for i, row in enumerate(rows)]
+    if path.suffix != ".jsonl":
+        raise TaskError(f"{path}: task files must be .jsonl (one row a line) or .json (a list)")
+    tasks = []
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise TaskError(f"{path}:{line_number}: not valid JSON: {error}") from None
+            tasks.append(_task_from_item(row, install_config, f"{path}:{line_number}"))
+    return tasks
+
+
+def _load_directory(path: Path) -> list[Task]:
+    if (path / "task.json").is_file():
+        return [_load_task_folder(path)]
+    tasks = []
+    for folder in sorted(path.iterdir()):
+        if not folder.is_dir() or folder.name.startswith((".", "_")):
+            continue
+        if not (folder / "task.json").is_file():
+            raise TaskError(
+                f"{folder} has no task.json: a task directory holds one folder per task, "
+                "each with task.json and repo/"
+            )
+        tasks.append(_load_task_folder(folder))
+    return tasks
+
+
+def _load_task_folder(folder: Path) -> Task:
+    task_file = folder / "task.json"
+    try:
+        row = json.loads(task_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise TaskError(f"{task_file}: not valid JSON: {error}") from None
+    repo_dir = folder / "repo"
+    if not repo_dir.is_dir():
+        raise TaskError(f"{folder} has no repo/ folder (the source tree before the fix)")
+    task = _task_from_item(row, None, str(task_file))
+    return replace(task, repo_dir=repo_dir)
+
+
+def _with_base_commit(task: Task) -> Task:
+    if task.repo_dir is None:
+        if not task.base_commit:
+            raise TaskError(
+                f"task {task.instance_id!r} has neither repo_dir nor base_commit: the grader "
+                "could not tell the agent's changes from the original code"
+            )
+        return task
+    if not task.repo_dir.is_dir():
+        raise TaskError(f"task {task.instance_id!r}: repo_dir {task.repo_dir} is not a directory")
+    commit = commit_hash(task.repo_dir, BASE_COMMIT_IDENTITY, _BUILD_LITTER)
+    if task.base_commit and task.base_commit != commit:
+        raise TaskError(
+            f"task {task.instance_id!r}: base_commit {task.base_commit} does not match its "
+            f"repo/ (which commits as {commit}); drop base_commit from task.json or fix it"
+        )
+    return replace(task, base_commit=commit)
+
+
+# --- deterministic commits ----------------------------------------------------------------------
+
+
+def _commit_tree(source: Path, dest: Path) -> str:
+    if dest.exists() and any(dest.iterdir()):
+        raise TaskError(f"cannot materialize into {dest}: it exists and is not empty")
+    shutil.copytree(
+        source,
+        dest,
+        symlinks=True,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns(*_BUILD_LITTER),
+    )
+    _git(dest, "init", "--quiet", "--initial-branch=main")
+    _git(dest, "add", "--all", "--force")
+    _git(dest, "commit", "--quiet", "--no-verify", "--allow-empty", "-m", BASE_COMMIT_IDENTITY.message)
+    (dest / ".git" / "info").mkdir(exist_ok=True)
+    (dest / ".git" / "info" / "exclude").write_text(_GIT_EXCLUDES)
+    return _git(dest, "rev-parse", "HEAD").strip()
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        completed = subprocess.run(
+            ["git", "-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", *args],
+            cwd=repo,
+            env={**os.environ, **_GIT_ISOLATION, **BASE_COMMIT_IDENTITY.git_env()},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except FileNotFoundError:
+        raise TaskError("git is not installed; directory tasks are materialized with git") from None
+    except subprocess.CalledProcessError as error:
+        raise TaskError(f"git {' '.join(args)} failed in {repo}: {error.stderr.strip()}") from None
+    return completed.stdout

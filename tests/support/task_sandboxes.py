@@ -1,0 +1,39 @@
+"""Test-only helpers for the task and grader tests: a task's repo in a real `local` sandbox.
+
+The sandbox runs the task's own test command, so `python` in it must be this interpreter (the
+one with pytest): its directory goes first on the sandbox's PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness_gym.sandbox.base import Sandbox, SandboxSpec
+from harness_gym.sandbox.local import LocalSandboxBackend
+from harness_gym.tasks import Task, materialize
+
+PYTHON_PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@contextmanager
+def task_sandbox(task: Task, scratch: Path) -> Iterator[Sandbox]:
+    """A fresh sandbox holding `task`'s materialized repo at its base commit."""
+    repo = scratch / f"{task.instance_id}-repo"
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    materialize(task, repo)
+    backend = LocalSandboxBackend()
+    with backend.create(SandboxSpec(repo=repo, env=PYTHON_PATH_ENV, label="tasks-test")) as box:
+        yield box
+
+
+def write(sandbox: Sandbox, path: str, text: str) -> None:
+    """Edit a repo file as an agent would, through the sandbox (`path` relative to the repo)."""
+    sandbox.write_file(f"{sandbox.workdir}/{path}", text)
+
+
+def read(sandbox: Sandbox, path: str) -> str:
+    return sandbox.read_file(f"{sandbox.workdir}/{path}").decode()

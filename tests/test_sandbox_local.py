@@ -1,0 +1,205 @@
+"""The local sandbox backend, with real processes: exit codes, timeouts that kill whole process
+groups, background jobs, setsid escapees, files, isolation between sandboxes, cleanup."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness_gym.sandbox import SandboxError, SandboxSpec, load_sandbox
+from harness_gym.sandbox._processes import SANDBOX_MARKER, marked_pids
+from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
+
+
+@pytest.fixture
+def box() -> Iterator[LocalSandbox]:
+    sandbox = LocalSandboxBackend().create(SandboxSpec())
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "hello.py").write_text("print('hello')\n")
+    (root / "link").symlink_to("hello.py")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=root, check=True)
+    subprocess.run([*git, "add", "."], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=root, check=True)
+    return root
+
+
+def alive(pattern: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def unique_sleep() -> tuple[str, str]:
+    """A sleep whose command line is unique to this test, so pgrep finds only ours."""
+    seconds = f"1000.{uuid.uuid4().int % 10**8}"
+    return f"sleep {seconds}", seconds
+
+
+def test_the_local_backend_is_found_by_its_entry_point_name() -> None:
+    assert isinstance(load_sandbox("local"), LocalSandboxBackend)
+
+
+def test_exec_reports_exit_code_stdout_and_stderr(box: LocalSandbox) -> None:
+    result = box.exec("echo out; echo err >&2; exit 7")
+    assert (result.exit_code, result.stdout, result.stderr) == (7, "out\n", "err\n")
+    assert not result.timed_out
+
+
+def test_exec_runs_an_argv_without_a_shell_and_feeds_stdin(box: LocalSandbox) -> None:
+    assert box.exec(["cat"], stdin=b"piped").stdout == "piped"
+    assert box.exec(["printf", "%s", "$HOME"]).stdout == "$HOME"
+
+
+def test_a_command_killed_by_a_signal_reports_minus_the_signal(box: LocalSandbox) -> None:
+    assert box.exec("kill -9 $$").exit_code == -9
+
+
+def test_a_timeout_kills_the_whole_process_group_including_a_grandchild(box: LocalSandbox) -> None:
+    sleep, marker = unique_sleep()
+    started = time.monotonic()
+    result = box.exec(f"{sleep} & {sleep}", timeout=0.5)
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - started < 5
+    assert alive(marker) == []
+
+
+def test_exec_returns_when_the_command_exits_although_a_background_child_lives_on(
+    box: LocalSandbox,
+) -> None:
+    sleep, marker = unique_sleep()
+    result = box.exec(f"{sleep} & echo started", timeout=10)
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "started\n", False)
+    assert len(alive(marker)) == 1
+    box.close()
+    assert alive(marker) == []
+
+
+def test_home_is_the_sandbox_home_and_the_host_secrets_stay_out(
+    box: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
+    env = box.exec("env").stdout
+    assert f"HOME={box.home}\n" in env
+    assert "sk-host-secret" not in env
+    assert box.exec("cd && pwd").stdout.strip() == box.home
+    assert box.exec("pwd").stdout.strip() == box.workdir
+
+
+def test_spec_env_and_call_env_reach_the_command_but_home_stays_the_sandbox_home() -> None:
+    with LocalSandboxBackend().create(SandboxSpec(env={"A": "spec", "B": "spec"})) as box:
+        out = box.exec('echo "$A $B $HOME"', env={"B": "call", "HOME": "/elsewhere"}).stdout
+        assert out == f"spec call {box.home}\n"
+
+
+def test_a_background_job_can_be_waited_for(box: LocalSandbox) -> None:
+    job = box.start("sleep 0.2; echo done; echo oops >&2; exit 3")
+    assert job.poll() is None
+    result = job.wait(timeout=10)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "done\n", "oops\n")
+    assert job.poll() == 3
+
+
+def test_waiting_on_a_job_past_its_timeout_kills_its_group(box: LocalSandbox) -> None:
+    sleep, marker = unique_sleep()
+    job = box.start(f"{sleep} & {sleep}")
+    result = job.wait(timeout=0.3)
+    assert result.timed_out and result.exit_code == 124
+    assert alive(marker) == []
+
+
+def test_killing_a_job_kills_its_group_even_after_the_leader_exited(box: LocalSandbox) -> None:
+    sleep, marker = unique_sleep()
+    job = box.start(f"{sleep} & echo started")
+    assert job.wait(timeout=10).exit_code == 0
+    assert len(alive(marker)) == 1
+    job.kill()
+    job.kill()  # idempotent
+    assert alive(marker) == []
+
+
+def test_killing_a_job_kills_its_setsid_escapees_but_not_another_jobs(box: LocalSandbox) -> None:
+    mine, my_marker = unique_sleep()
+    other, other_marker = unique_sleep()
+    job = box.start(f"setsid -f {mine}; sleep 1000")
+    box.start(other)
+    deadline = time.monotonic() + 5
+    while not (alive(my_marker) and alive(other_marker)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.kill()
+    assert alive(my_marker) == []
+    assert len(alive(other_marker)) == 1
+
+
+def test_a_job_writes_its_output_where_it_was_asked_to(box: LocalSandbox) -> None:
+    job = box.start(["echo", "logged"], stdout_path="../logs/harness.jsonl")
+    job.wait(timeout=10)
+    assert box.read_file("../logs/harness.jsonl") == b"logged\n"
+
+
+def test_closing_kills_processes_that_escaped_the_group_with_setsid(box: LocalSandbox) -> None:
+    sleep, marker = unique_sleep()
+    box.exec(f"setsid {sleep} > /dev/null 2>&1 < /dev/null &")
+    job = box.start(f"setsid -f {sleep}; sleep 1000")
+    deadline = time.monotonic() + 5
+    while len(alive(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(alive(marker)) == 2
+    assert job.poll() is None
+    box.close()
+    assert alive(marker) == []
+    assert marked_pids(SANDBOX_MARKER, box.id) == []
+
+
+def test_a_binary_file_round_trips(box: LocalSandbox) -> None:
+    data = bytes(range(256)) * 64
+    box.write_file("sub/dir/blob.bin", data, mode=0o755)
+    assert box.read_file("sub/dir/blob.bin") == data
+    assert box.exec("sha256sum sub/dir/blob.bin && test -x sub/dir/blob.bin").exit_code == 0
+
+
+def test_the_repo_is_copied_with_its_git_history_and_symlinks(repo: Path) -> None:
+    with LocalSandboxBackend().create(SandboxSpec(repo=repo)) as box:
+        assert box.exec("git log --oneline | wc -l").stdout.strip() == "1"
+        assert os.readlink(Path(box.workdir, "link")) == "hello.py"
+        box.write_file("hello.py", "print('changed')\n")
+        assert "changed" in box.exec("git diff").stdout
+    assert (repo / "hello.py").read_text() == "print('hello')\n"
+
+
+def test_two_sandboxes_do_not_share_files(repo: Path) -> None:
+    backend = LocalSandboxBackend()
+    with backend.create(SandboxSpec(repo=repo)) as a, backend.create(SandboxSpec(repo=repo)) as b:
+        a.write_file("only-in-a.txt", "a")
+        a.exec("echo a > ~/state")
+        assert a.workdir != b.workdir and a.home != b.home
+        assert b.exec("test -e only-in-a.txt || test -e ~/state").exit_code == 1
+
+
+def test_close_removes_the_temp_dir_even_with_read_only_dirs_and_is_idempotent() -> None:
+    box = LocalSandboxBackend().create(SandboxSpec())
+    root = box.root
+    assert root.name.startswith("harness-gym-")
+    box.exec("mkdir -p ro/sub && touch ro/sub/f && chmod -R a-w ro")
+    box.close()
+    assert not root.exists()
+    box.close()
+
+
+def test_a_closed_sandbox_refuses_new_commands() -> None:
+    box = LocalSandboxBackend().create(SandboxSpec())
+    box.close()
+    with pytest.raises(SandboxError, match="closed"):
+        box.exec("true")
