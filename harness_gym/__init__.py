@@ -18,7 +18,8 @@ ENV_ID = "HarnessSWE-v0"
 
 if ENV_ID not in registry:
     # Traces carry sandbox paths and the CLIs' dates, so two runs are never bit-identical.
-    register(id=ENV_ID, entry_point="harness_gym.env:HarnessSWEEnv", nondeterministic=True)
+    register(id=ENV_ID, entry_point="harness_gym.env:HarnessSWEEnv", nondeterministic=True,
+             vector_entry_point="harness_gym.vector_env:HarnessVectorEnv")
 
 
 def __getattr__(name: str):

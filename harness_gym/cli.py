@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -26,6 +27,66 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .env import HarnessSWEEnv
+    from .runs import run_episodes
+
+    sampling = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+    if args.temperature is not None:
+        sampling["temperature"] = args.temperature
+    env = HarnessSWEEnv(
+        harness=args.harness, tasks=args.tasks, engine=args.engine, sandbox=args.sandbox,
+        episode_timeout_s=args.episode_timeout, test_timeout_s=args.test_timeout,
+        sampling=sampling, progress=True,
+    )
+    try:
+        if not args.quiet:
+            print(f"loading engine {args.engine!r} and harness {args.harness!r}...", flush=True)
+        summary = run_episodes(env, episodes=args.episodes, out_dir=Path(args.out),
+                               task_ids=args.task_id or (), seed=args.seed)
+    finally:
+        env.close()
+    for record in summary.episodes:
+        print(f"  {record['task_id']}: outcome={record['outcome']} reward={record['reward']:.3f} "
+              f"llm_calls={record['n_llm_calls']} tool_calls={record['n_tool_calls']} "
+              f"segments={len(record['trace'])}")
+    print(summary.describe())
+    print(f"traces written to {summary.path.resolve()}")
+    return 0
+
+
+DEMO_TASK = "harness-gym__slugs-40"
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Pi + SmolLM2-135M on the CPU, one built-in task: the main job on embedded defaults."""
+    args.harness, args.engine, args.tasks, args.sandbox = "pi", args.engine, "builtin", None
+    args.episodes, args.task_id, args.seed, args.quiet = 1, [DEMO_TASK], 0, False
+    return _run(args)
+
+
+def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    parser.add_argument("--engine", default="smollm2",
+                        help="policy: smollm2, tiny, oracle, oracle:noop, hf:PATH, vllm:URL")
+    parser.add_argument("--episode-timeout", type=float, default=600.0,
+                        help="seconds before the CLI is killed (outcome: timeout)")
+    parser.add_argument("--test-timeout", type=float, default=300.0)
+    parser.add_argument("--max-tokens", type=int, default=384 if demo else None,
+                        help="cap on tokens sampled per model call")
+    parser.add_argument("--temperature", type=float, default=0.6 if demo else None)
+    parser.add_argument("--out", default="runs", help="directory for the trace files")
+    if demo:
+        return
+    parser.add_argument("--harness", default="pi", help="harness plugin name")
+    parser.add_argument("--tasks", default="builtin", help="suite: builtin, a directory or JSONL")
+    parser.add_argument("--sandbox", default=None,
+                        help="sandbox backend: bwrap (default where it works), local, ...")
+    parser.add_argument("--episodes", type=int, default=1)
+    parser.add_argument("--task-id", action="append", help="run these tasks (repeatable)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="harness-gym",
@@ -39,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     serve.add_argument("--admin-key", default=None, help="key required by /sessions routes")
     serve.set_defaults(handler=_serve)
+
+    run = commands.add_parser("run", help="run episodes and write their traces")
+    _add_run_options(run)
+    run.set_defaults(handler=_run)
+
+    demo = commands.add_parser(
+        "demo", help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
+    _add_run_options(demo, demo=True)
+    demo.set_defaults(handler=_demo)
     return parser
 
 

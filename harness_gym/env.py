@@ -15,6 +15,7 @@ the session's sampling). Each step ends the episode: `terminated` is True, `trun
 time-outs are reported as `info["outcome"] == "timeout"`. `info` holds the keys documented in
 DESIGN.md (trace segments as plain lists).
 
+`sandbox=None` picks `bwrap` where bubblewrap works on this machine, else `local`.
 Heavy resources (engine, proxy, harness install) are created at the first `reset()`, so
 `gymnasium.make` is cheap and `close()` releases everything the env started.
 """
@@ -33,7 +34,7 @@ from .episode import EpisodeResult, EpisodeRunner
 from .harness import HarnessSpec, load_harness
 from .proxy import InterceptionProxy
 from .rewards import RewardConfig
-from .sandbox import SandboxBackend, load_sandbox
+from .sandbox import SandboxBackend, default_sandbox, load_sandbox
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -71,7 +72,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
         harness: str | HarnessSpec = "pi",
         tasks: TaskSpec | list[Task] = "builtin",
         engine: str | Engine = "smollm2",
-        sandbox: str | SandboxBackend = "local",
+        sandbox: str | SandboxBackend | None = None,
         reward: RewardConfig | dict[str, Any] | None = None,
         episode_timeout_s: float = 900.0,
         test_timeout_s: float = 300.0,
@@ -113,7 +114,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
             self._runner = EpisodeRunner(
                 proxy,
                 self.harness,
-                load_sandbox(self._sandbox_spec),
+                load_sandbox(self._sandbox_spec or default_sandbox()),
                 reward=self.reward_config,
                 episode_timeout_s=self._episode_timeout_s,
                 test_timeout_s=self._test_timeout_s,

@@ -145,9 +145,10 @@ class EpisodeRunner:
                 if outcome == "failed" and harness_failed:
                     outcome = "harness_error"
                     error = output.error or f"the harness exited with code {run.exit_code}"
-        except (SandboxError, HarnessError, OSError) as exc:
+        except Exception as exc:  # every episode ends with an outcome; ours failed, not the model
             outcome, error = "infra_error", f"{type(exc).__name__}: {exc}"
-            log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id, error)
+            log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id, error,
+                        exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError)))
         finally:
             trace_json = session.trace_json() if session is not None else {}
             if session is not None:

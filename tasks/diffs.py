@@ -13,7 +13,9 @@ import re
 __all__ = ["paths_touched_by"]
 
 _DIFF_HEADER = re.compile(r"^diff --git (?P<paths>.+)$")
-_PATH_LINE = re.compile(r"^(?P<kind>--- |\+\+\+ |rename from |rename to |copy from |copy to )(?P<path>.+)$")
+_PATH_LINE = re.compile(
+    r"^(?P<kind>--- |\+\+\+ |rename from |rename to |copy from |copy to )(?P<path>.+)$"
+)
 
 
 def _unquote(path: str) -> str:
@@ -70,7 +72,7 @@ def paths_touched_by(diff: str) -> list[str]:
         elif line.startswith(("@@", "GIT binary patch")):
             in_extended_header = False
         elif in_extended_header and (path_line := _PATH_LINE.match(line)):
-            if (path := _path_of(path_line["kind"], path_line["path"])) is not None:
-                block_paths.append(path)
+            path = _path_of(path_line["kind"], path_line["path"])
+            block_paths += [path] if path is not None else []
     close_block()
     return list(paths)

@@ -19,7 +19,7 @@ __all__ = ["CommitIdentity", "commit_hash"]
 
 @dataclass(frozen=True)
 class CommitIdentity:
-    """Who made the commit, when (UTC), and its message: fixed, so the hash depends on files only."""
+    """Who made the commit, when (UTC), and its message; fixed, the hash depends on files only."""
 
     name: str
     email: str

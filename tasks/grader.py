@@ -17,6 +17,7 @@ reported as `timeout` and `infra_error`, never as a plain `failed`.
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,7 @@ __all__ = [
     "GroupCounts",
     "Outcome",
     "PatchApplyError",
+    "SandboxGitError",
     "apply_patch",
     "capture_patch",
     "grade",
@@ -56,6 +58,14 @@ _GIT_ENV = {
     "GIT_CONFIG_VALUE_1": "cat",
     "GIT_TERMINAL_PROMPT": "0",
 }
+
+
+def _git_env(sandbox: Sandbox) -> dict[str, str]:
+    # Never search above the work dir: if the agent deleted .git, a repository enclosing the
+    # sandbox (a checkout holding the temp dir) must not be the one staged and diffed.
+    return {**_GIT_ENV, "GIT_CEILING_DIRECTORIES": posixpath.dirname(sandbox.workdir.rstrip("/"))}
+
+
 _TEST_ENV = {"CI": "1", "PAGER": "cat", "NO_COLOR": "1", "TQDM_DISABLE": "1"}
 
 
@@ -76,7 +86,7 @@ class GroupCounts:
 @dataclass
 class GradeResult:
     outcome: Outcome
-    tests: dict[str, str]  # every test the log reported: node id -> TestStatus value
+    tests: dict[str, TestStatus]  # every test the log reported, by node id
     patch: str  # the agent's changes against base_commit (git diff, binary-safe)
     test_output: str  # the tail of the test run's output
     duration_s: float
@@ -134,14 +144,17 @@ def grade(task: Task, sandbox: Sandbox, *, timeout_s: float = 600.0) -> GradeRes
         apply_patch(sandbox, task.test_patch, allow_fuzz=False)
     except PatchApplyError as error:
         return finish("infra_error", error=f"test_patch did not apply: {error}")
-    except (_GitError, SandboxError) as error:
+    except (SandboxGitError, SandboxError) as error:
         return finish("infra_error", error=str(error))
 
     try:
         run = _run_tests(task, sandbox, timeout_s)
     except SandboxError as error:
         return finish("infra_error", error=f"the test command could not run: {error}")
-    tests = get_log_parser(task.log_parser)(run.log)
+    try:
+        tests = get_log_parser(task.log_parser)(run.log)
+    except Exception as error:  # a plugin parser's bug is not the agent's failure
+        return finish("infra_error", error=f"log parser {task.log_parser!r} crashed: {error!r}")
     output_tail = run.log[-OUTPUT_TAIL_CHARS:]
     if run.result.timed_out:
         return finish(
@@ -174,27 +187,32 @@ def judge_tests(
 # --- git in the sandbox -------------------------------------------------------------------------
 
 
-class _GitError(RuntimeError):
-    pass
+class SandboxGitError(RuntimeError):
+    """git in the sandbox failed (no repository, unknown base commit, a timeout)."""
 
 
-def _git(
-    sandbox: Sandbox, *args: str, stdin: bytes | None = None, check: bool = True
-) -> ExecResult:
+def _succeeded(result: ExecResult) -> bool:
+    return result.exit_code == 0 and not result.timed_out
+
+
+def _explain(result: ExecResult) -> str:
+    """A failed command's exit and the tail of what it said, for error messages."""
+    said = (result.stderr + "\n" + result.stdout).strip()[-2000:]
+    return f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}) {said}"
+
+
+def _git(sandbox: Sandbox, *args: str) -> ExecResult:
     result = sandbox.exec(
-        ["git", *args], cwd=sandbox.workdir, env=_GIT_ENV, timeout=GIT_TIMEOUT_S, stdin=stdin
+        ["git", *args], cwd=sandbox.workdir, env=_git_env(sandbox), timeout=GIT_TIMEOUT_S
     )
-    if check and (result.exit_code != 0 or result.timed_out):
-        raise _GitError(
-            f"git {args[0]} failed in {sandbox.workdir} (exit {result.exit_code}): "
-            f"{(result.stderr or result.stdout).strip()[-2000:]}"
-        )
+    if not _succeeded(result):
+        raise SandboxGitError(f"git {args[0]} failed in {sandbox.workdir} {_explain(result)}")
     return result
 
 
 def capture_patch(sandbox: Sandbox, base_commit: str = "HEAD") -> str:
     """The agent's changes against `base_commit`, new files included, binary-safe. Stages
-    everything (the grader owns the index from here on)."""
+    everything (the grader owns the index from here on). Raises `SandboxGitError`."""
     _git(sandbox, "add", "--all")
     diff = _git(
         sandbox,
@@ -226,13 +244,10 @@ def _reset_test_files(sandbox: Sandbox, base_commit: str, paths: list[str]) -> N
         *(f"reset_path {shlex.quote(path)}" for path in paths),
     ]
     result = sandbox.exec(
-        "\n".join(lines), cwd=sandbox.workdir, env=_GIT_ENV, timeout=GIT_TIMEOUT_S
+        "\n".join(lines), cwd=sandbox.workdir, env=_git_env(sandbox), timeout=GIT_TIMEOUT_S
     )
-    if result.exit_code != 0 or result.timed_out:
-        raise _GitError(
-            f"could not reset the test files to {base_commit}: "
-            f"{(result.stderr or result.stdout).strip()[-2000:]}"
-        )
+    if not _succeeded(result):
+        raise SandboxGitError(f"could not reset the test files to {base_commit} {_explain(result)}")
 
 
 def apply_patch(
@@ -254,11 +269,11 @@ def apply_patch(
     messages = []
     for command in attempts:
         result = sandbox.exec(
-            command, cwd=sandbox.workdir, env=_GIT_ENV, timeout=timeout_s, stdin=data
+            command, cwd=sandbox.workdir, env=_git_env(sandbox), timeout=timeout_s, stdin=data
         )
-        if result.exit_code == 0 and not result.timed_out:
+        if _succeeded(result):
             return
-        messages.append(f"{command[0]}: {(result.stderr + result.stdout).strip()[-2000:]}")
+        messages.append(f"{command[0]} {_explain(result)}")
     raise PatchApplyError("\n".join(messages))
 
 

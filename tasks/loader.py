@@ -34,7 +34,7 @@ TaskSpec = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
 # Build litter that must never reach a task's commit (it would change the hash) nor an agent's
 # captured patch (the grader stages everything that is not ignored).
 _BUILD_LITTER = ("__pycache__", "*.pyc", ".pytest_cache", ".git")
-_GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n"
+_GIT_EXCLUDES = "".join(f"{pattern}\n" for pattern in _BUILD_LITTER if pattern != ".git")
 
 # Fixed identity, time and message: the commit hash is then a pure function of the tree.
 BASE_COMMIT_IDENTITY = CommitIdentity(
@@ -72,8 +72,9 @@ def materialize(task: Task, dest: Path) -> str:
     commit = _commit_tree(task.repo_dir, Path(dest))
     if task.base_commit and task.base_commit != commit:
         raise TaskError(
-            f"task {task.instance_id!r}: {task.repo_dir} now commits as {commit}, not as its "
-            f"base_commit {task.base_commit}; the files changed after loading, reload the suite"
+            f"task {task.instance_id!r}: {task.repo_dir} commits as {commit}, not as its "
+            f"base_commit {task.base_commit}: its files changed since the suite was loaded; "
+            "reload the suite"
         )
     return commit
 
@@ -93,10 +94,11 @@ def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
         if isinstance(spec, str) and (entry := _entry_point(spec)) is not None:
             loaded = entry.load()
             return _resolve(loaded() if callable(loaded) else loaded, install_config)
+        installed = sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
         raise TaskError(
             f"task suite {spec!r} is not 'builtin', not an existing directory or .jsonl file, "
             f"and not an entry point in {ENTRY_POINT_GROUP!r} "
-            f"(installed: {', '.join(sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP))) or 'none'})"
+            f"(installed: {', '.join(installed) or 'none'})"
         )
     if isinstance(spec, Iterable):
         return [_task_from_item(item, install_config, f"item {i}") for i, item in enumerate(spec)]
@@ -216,7 +218,15 @@ def _commit_tree(source: Path, dest: Path) -> str:
     )
     _git(dest, "init", "--quiet", "--initial-branch=main")
     _git(dest, "add", "--all", "--force")
-    _git(dest, "commit", "--quiet", "--no-verify", "--allow-empty", "-m", BASE_COMMIT_IDENTITY.message)
+    _git(
+        dest,
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "--allow-empty",
+        "-m",
+        BASE_COMMIT_IDENTITY.message,
+    )
     (dest / ".git" / "info").mkdir(exist_ok=True)
     (dest / ".git" / "info" / "exclude").write_text(_GIT_EXCLUDES)
     return _git(dest, "rev-parse", "HEAD").strip()

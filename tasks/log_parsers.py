@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import re
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
+from xml.etree import ElementTree
 
 __all__ = [
     "LogParser",

@@ -51,7 +51,7 @@ class Task:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "install_config"):
+        for name in ("FAIL_TO_PASS", "PASS_TO_PASS", "install_config"):  # rows JSON-encode these
             decoded = _decode_json_field(getattr(self, name), name, problems)
             object.__setattr__(self, name, decoded)
         if isinstance(self.repo_dir, str):
@@ -112,6 +112,8 @@ _REQUIRED = frozenset(
 
 
 def _decode_json_field(value: Any, name: str, problems: list[str]) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
     if not isinstance(value, str):
         return value
     try:
@@ -145,7 +147,9 @@ def _field_problems(task: Task) -> list[str]:
     if _is_str_list(task.FAIL_TO_PASS) and not task.FAIL_TO_PASS:
         problems.append("FAIL_TO_PASS is empty: no test would show that the fix works")
     if task.image_name is not None and not isinstance(task.image_name, str):
-        problems.append(f"image_name must be a string or null, got {type(task.image_name).__name__}")
+        problems.append(
+            f"image_name must be a string or null, got {type(task.image_name).__name__}"
+        )
     if task.repo_dir is not None and not isinstance(task.repo_dir, Path):
         problems.append(f"repo_dir must be a path, got {type(task.repo_dir).__name__}")
     if not isinstance(task.extra, dict):
@@ -156,10 +160,8 @@ def _field_problems(task: Task) -> list[str]:
 
 def _install_config_problems(config: Any) -> list[str]:
     if not isinstance(config, dict):
-        return [
-            "install_config must be an object (or a JSON string of one) with test_cmd and "
-            f"log_parser, got {type(config).__name__}"
-        ]
+        expected = "an object (or a JSON string of one) with test_cmd and log_parser"
+        return [f"install_config must be {expected}, got {type(config).__name__}"]
     problems: list[str] = []
     command = config.get("test_cmd")
     if command is None:
@@ -168,7 +170,8 @@ def _install_config_problems(config: Any) -> list[str]:
         _is_str_list(command) and command and all(part.strip() for part in command)
     ):
         problems.append(
-            f"install_config.test_cmd must be a non-empty string or list of strings, got {command!r}"
+            "install_config.test_cmd must be a non-empty string or list of strings, "
+            f"got {command!r}"
         )
     parser = config.get("log_parser")
     if parser is None:

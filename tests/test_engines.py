@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import unicodedata
 
@@ -18,7 +21,11 @@ from harness_gym.engines import (
     available_engines,
     load_engine,
 )
-from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir, train_tiny_tokenizer
+from harness_gym.engines.tiny import (
+    load_tiny_tokenizer,
+    tiny_model_dir,
+    train_tiny_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +72,17 @@ TRICKY_TEXTS = [
 ]
 
 
-def test_the_tiny_tokenizer_reloads_through_autotokenizer_to_identical_ids() -> None:
+def test_the_tiny_tokenizer_reloads_through_autotokenizer_to_identical_ids(tmp_path) -> None:
     from transformers import AutoTokenizer
 
+    trained = train_tiny_tokenizer()  # the in-memory object the cache was saved from
+    trained.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     cached = load_tiny_tokenizer()
-    reloaded = AutoTokenizer.from_pretrained(tiny_model_dir(), local_files_only=True)
     for text in TRICKY_TEXTS:
-        ids = cached.encode(text, add_special_tokens=False)
+        ids = trained.encode(text, add_special_tokens=False)
         assert reloaded.encode(text, add_special_tokens=False) == ids
+        assert cached.encode(text, add_special_tokens=False) == ids
         assert cached.decode(ids) == unicodedata.normalize("NFC", text)
     nfd = unicodedata.normalize("NFD", "Crème brûlée")
     assert cached.encode(nfd) == cached.encode(unicodedata.normalize("NFC", nfd))
@@ -83,10 +93,20 @@ def test_the_tiny_tokenizer_reloads_through_autotokenizer_to_identical_ids() -> 
     assert cached.decode(call, skip_special_tokens=True) == "<tool_call>x</tool_call>"
 
 
-def test_the_tiny_tokenizer_trains_deterministically() -> None:
-    fresh = train_tiny_tokenizer()
-    assert fresh.get_vocab() == load_tiny_tokenizer().get_vocab()
-    assert len(fresh) == 8192
+def test_two_processes_building_tiny_at_once_both_get_the_same_complete_model(tmp_path) -> None:
+    build = "from harness_gym.engines.tiny import tiny_model_dir; print(tiny_model_dir())"
+    env = {**os.environ, "HARNESS_GYM_CACHE": str(tmp_path)}
+    builders = [
+        subprocess.Popen([sys.executable, "-c", build], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [b.communicate(timeout=120)[0].strip() for b in builders]
+    assert [b.returncode for b in builders] == [0, 0]
+    assert outputs == [str(tmp_path / "tiny-v1")] * 2
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-v1"]  # no half-built leftovers
+    # The recipe is deterministic: this build equals the one the other tests use, byte for byte.
+    for name in ("tokenizer.json", "model.safetensors", "config.json"):
+        assert (tmp_path / "tiny-v1" / name).read_bytes() == (tiny_model_dir() / name).read_bytes()
 
 
 def test_the_tiny_template_renders_a_tool_conversation_exactly(tiny: TransformersEngine) -> None:
@@ -108,7 +128,10 @@ def test_the_tiny_template_renders_a_tool_conversation_exactly(tiny: Transformer
             "content": None,
             "tool_calls": [
                 {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}},
-                {"type": "function", "function": {"name": "bash", "arguments": '{"command":"pwd"}'}},
+                {
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command":"pwd"}'},
+                },
             ],
         },
         {"role": "tool", "content": "a.py"},
@@ -171,7 +194,9 @@ def test_processed_logprobs_follow_temperature_top_k_and_top_p(
     tiny: TransformersEngine, prompt: list[int]
 ) -> None:
     temperature, top_k, top_p = 0.7, 50, 0.9
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=24, seed=11)
+    sampling = SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=24, seed=11
+    )
     completion = generate(tiny, prompt, sampling)
     logits = forward_logits(tiny, prompt + completion.token_ids[:-1])[len(prompt) - 1 :]
     for row, token, reported in zip(logits, completion.token_ids, completion.logprobs):
@@ -198,7 +223,9 @@ def test_a_stop_token_ends_the_stream_and_is_part_of_the_completion(
     assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
     stop = greedy.token_ids[5]
     first = greedy.token_ids.index(stop)
-    stopped = generate(tiny, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop,)))
+    stopped = generate(
+        tiny, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=(stop,))
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == greedy.token_ids[: first + 1]
     assert stopped.logprobs == pytest.approx(greedy.logprobs[: first + 1], abs=1e-6)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from harness_gym.tasks import (
     GroupCounts,
     Task,
@@ -27,7 +27,8 @@ from harness_gym.tasks import (
 )
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.log_parsers import _PARSERS
-from tests.support.task_sandboxes import read, task_sandbox, write
+
+from support.task_sandboxes import read, task_sandbox, write
 
 TASKS = {task.instance_id: task for task in load_tasks("builtin")}
 SPANS = TASKS["harness-gym__spans-14"]  # test_patch modifies tests/test_merge.py
@@ -41,8 +42,11 @@ def test_an_agent_that_rewrites_the_f2p_tests_as_assert_true_still_fails(tmp_pat
     with task_sandbox(SPANS, tmp_path) as sandbox:
         apply_patch(sandbox, SPANS.test_patch)  # the agent somehow knows the hidden tests...
         cheat = read(sandbox, "tests/test_merge.py")
-        for line in ("assert merge([Interval(5, 8)", "assert total_length([Interval(5, 8)",
-                     "assert merge([intervals[i]"):
+        for line in (
+            "assert merge([Interval(5, 8)",
+            "assert total_length([Interval(5, 8)",
+            "assert merge([intervals[i]",
+        ):
             cheat = "\n".join(
                 "    assert True" if row.strip().startswith(line) else row
                 for row in cheat.splitlines()
@@ -115,7 +119,7 @@ def test_tests_that_run_past_the_timeout_are_killed_and_reported_as_timeout(tmp_
     hanging = replace(
         SPANS,
         install_config={
-            "test_cmd": "echo 'PASSED tests/test_merge.py::test_unsorted_intervals_merge'; sleep 60",
+            "test_cmd": f"echo 'PASSED {SPANS.FAIL_TO_PASS[0]}'; sleep 60",
             "log_parser": "pytest",
         },
     )
@@ -127,7 +131,9 @@ def test_tests_that_run_past_the_timeout_are_killed_and_reported_as_timeout(tmp_
 
 
 def test_a_run_that_reports_no_tests_is_a_failure_not_a_pass(tmp_path: Path):
-    silent = replace(SPANS, install_config={"test_cmd": "echo collected 0 items", "log_parser": "pytest"})
+    silent = replace(
+        SPANS, install_config={"test_cmd": "echo collected 0 items", "log_parser": "pytest"}
+    )
     with task_sandbox(silent, tmp_path) as sandbox:
         result = grade(silent, sandbox, timeout_s=60)
     assert result.outcome == "failed"
@@ -148,6 +154,24 @@ def test_a_test_patch_that_does_not_apply_is_an_infra_error(tmp_path: Path):
     assert result.outcome == "infra_error"
     assert result.error is not None and result.error.startswith("test_patch did not apply")
     assert "tests/test_merge.py" in result.error
+
+
+def test_a_sandbox_whose_repository_is_gone_is_an_infra_error_and_no_outer_repo_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    outer = tmp_path / "outer-checkout"  # sandboxes created inside someone's git checkout
+    outer.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=outer, check=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(outer))
+    with task_sandbox(SPANS, tmp_path) as sandbox:
+        sandbox.exec("rm -rf .git", cwd=sandbox.workdir)
+        result = grade(SPANS, sandbox, timeout_s=60)
+        staged = subprocess.run(
+            ["git", "diff", "--cached", "--name-only"], cwd=outer, capture_output=True, text=True
+        )
+    assert result.outcome == "infra_error"
+    assert "git add failed" in (result.error or "")
+    assert staged.stdout == ""
 
 
 def test_grading_with_junit_xml_ignores_a_report_the_agent_planted(tmp_path: Path):
@@ -193,7 +217,10 @@ def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
             SPANS,
             FAIL_TO_PASS=["merges"],
             PASS_TO_PASS=["loads"],
-            install_config={"test_cmd": "echo 'ok - loads'; echo 'ok - merges'", "log_parser": "tap-test"},
+            install_config={
+                "test_cmd": "echo 'ok - loads'; echo 'ok - merges'",
+                "log_parser": "tap-test",
+            },
         )
         with task_sandbox(tap, tmp_path) as sandbox:
             assert grade(tap, sandbox, timeout_s=60).outcome == "passed"
@@ -226,7 +253,7 @@ def test_the_verdict_follows_swe_bench(f2p_status, p2p_status, outcome):
 
 # --- log parsers on real pytest output ----------------------------------------------------------
 
-EVERY_STATUS = '''
+EVERY_STATUS = """
     import pytest
 
     def test_pass(): pass
@@ -250,7 +277,7 @@ EVERY_STATUS = '''
     class TestGroup:
         def test_method(self):
             print("PASSED tests/test_every.py::test_fail")  # a test echoing a fake summary line
-'''
+"""
 
 EXPECTED = {
     "tests/test_every.py::test_pass": TestStatus.PASSED,
@@ -277,7 +304,9 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     base = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"]
 
     def run(*extra: str) -> str:
-        done = subprocess.run([*base, *extra], cwd=root, capture_output=True, text=True)
+        done = subprocess.run(
+            [*base, *extra], cwd=root, capture_output=True, text=True, check=False
+        )
         return done.stdout
 
     return {
@@ -381,7 +410,11 @@ def _swe_rebench_row(instance_id: str, **overrides: object) -> dict[str, object]
         "FAIL_TO_PASS": json.dumps(["tests/test_w.py::test_spin"]),
         "PASS_TO_PASS": json.dumps(["tests/test_w.py::test_stop"]),
         "install_config": json.dumps(
-            {"test_cmd": "pytest -rA", "log_parser": "parse_log_pytest", "install": "pip install -e ."}
+            {
+                "test_cmd": "pytest -rA",
+                "log_parser": "parse_log_pytest",
+                "install": "pip install -e .",
+            }
         ),
         "image_name": "swerebench/sweb.eval.x86_64.acme_1776_widgets-1",
         "created_at": "2025-03-01T00:00:00Z",
@@ -416,7 +449,9 @@ def test_a_plain_swe_bench_row_needs_an_install_config_and_the_error_says_how(tm
     rows.write_text(json.dumps(row) + "\n")
     with pytest.raises(TaskError, match=r"(?s)swe_bench.jsonl:1: .*install_config=\{'test_cmd'"):
         load_tasks(rows)
-    [task] = load_tasks(rows, install_config={"test_cmd": "./tests/runtests.py", "log_parser": "pytest"})
+    [task] = load_tasks(
+        rows, install_config={"test_cmd": "./tests/runtests.py", "log_parser": "pytest"}
+    )
     assert task.test_cmd == "./tests/runtests.py"
 
 

@@ -16,7 +16,7 @@ import pytest
 from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
-from tests.support.engines import RecordingEngine, tool_call_script
+from support.engines import RecordingEngine, tool_call_script
 
 BASH = {
     "type": "function",

@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.task_sandboxes import task_sandbox
-
 from harness_gym.tasks import (
     BUILTIN_SUITE_DIR,
     Task,
@@ -24,6 +21,8 @@ from harness_gym.tasks import (
     materialize,
 )
 from harness_gym.tasks.diffs import paths_touched_by
+
+from support.task_sandboxes import task_sandbox
 
 BUILTIN = load_tasks("builtin")
 TEST_CMD = "python -m pytest -rA -p no:cacheprovider tests"
@@ -112,6 +111,21 @@ def test_materialize_gives_the_same_commit_twice_and_it_is_the_tasks_base_commit
     assert _git(tmp_path / "a", "status", "--porcelain") == ""
 
 
+def test_the_base_commit_computed_without_git_equals_the_one_git_makes(tmp_path: Path):
+    # Names whose order differs between plain sorting and git's ("a.b" < "a/" < "a0"),
+    # an executable, a symlink, an empty directory (untracked by git) and nested trees.
+    repo = tmp_path / "task" / "repo"
+    for name in ("a.b", "a0", "a/x.py", "a/b/deep.txt", "bin/run.sh", "é.txt"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(f"{name}\n")
+    (repo / "bin" / "run.sh").chmod(0o755)
+    (repo / "link").symlink_to("a/x.py")
+    (repo / "empty").mkdir()
+    (tmp_path / "task" / "task.json").write_text(json.dumps(_row(base_commit="")))
+    [task] = load_tasks(tmp_path / "task")
+    assert materialize(task, tmp_path / "materialized") == task.base_commit
+
+
 def test_build_litter_in_a_task_folder_changes_neither_the_commit_nor_the_diff(tmp_path: Path):
     source = tmp_path / "task"
     shutil.copytree(BUILTIN_SUITE_DIR / BUILTIN[0].instance_id, source)
@@ -138,7 +152,7 @@ def test_materialize_refuses_a_non_empty_destination(tmp_path: Path):
 
 def test_a_dataset_row_cannot_be_materialized_and_says_to_use_a_container():
     [row_task] = load_tasks([_row(image_name="swerebench/acme-widgets:1")])
-    with pytest.raises(TaskError, match="container backend.*swerebench/acme-widgets:1"):
+    with pytest.raises(TaskError, match=r"container backend.*swerebench/acme-widgets:1"):
         materialize(row_task, Path("/nonexistent"))
 
 
@@ -190,7 +204,10 @@ def test_json_encoded_fields_are_decoded_and_unknown_fields_kept():
         ({"install_config": "{"}, "install_config is a string but not valid JSON"),
         ({"install_config": []}, "install_config must be an object"),
         ({"install_config": {"log_parser": "pytest"}}, "install_config.test_cmd is missing"),
-        ({"install_config": {"test_cmd": "", "log_parser": "pytest"}}, "test_cmd must be a non-empty"),
+        (
+            {"install_config": {"test_cmd": "", "log_parser": "pytest"}},
+            "test_cmd must be a non-empty",
+        ),
         ({"install_config": {"test_cmd": "pytest"}}, "log_parser is missing; one of: .*pytest"),
         (
             {"install_config": {"test_cmd": "pytest", "log_parser": "nose"}},
@@ -215,18 +232,18 @@ def test_every_bad_field_is_reported_at_once():
 def test_a_missing_field_is_named():
     row = _row()
     del row["test_patch"], row["repo"]
-    with pytest.raises(TaskError, match="missing required field.*repo, test_patch"):
+    with pytest.raises(TaskError, match=r"missing required field.*repo, test_patch"):
         Task.from_dict(row)
 
 
 def test_an_unknown_suite_name_lists_what_would_have_worked():
-    with pytest.raises(TaskError, match="not 'builtin', not an existing directory or .jsonl file"):
+    with pytest.raises(TaskError, match=r"not 'builtin', not an existing directory or .jsonl file"):
         load_tasks("no-such-suite")
 
 
 def test_a_task_folder_without_task_json_or_repo_is_refused(tmp_path: Path):
     (tmp_path / "suite" / "a").mkdir(parents=True)
-    with pytest.raises(TaskError, match="has no task.json"):
+    with pytest.raises(TaskError, match=r"has no task.json"):
         load_tasks(tmp_path / "suite")
     (tmp_path / "suite" / "a" / "task.json").write_text(json.dumps(_row()))
     with pytest.raises(TaskError, match="has no repo/ folder"):

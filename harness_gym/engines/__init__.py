@@ -90,5 +90,7 @@ def load_engine(spec: str | Engine) -> Engine:
         raise ValueError(f"unknown engine {name!r} in spec {spec!r}; known engines: {known}")
     engine = matches[0].load()(arg)
     if not isinstance(engine, Engine):
-        raise TypeError(f"the loader for engine {name!r} returned {type(engine).__name__}, not an Engine")
+        raise TypeError(
+            f"the loader for engine {name!r} returned {type(engine).__name__}, not an Engine"
+        )
     return engine

@@ -123,3 +123,9 @@ class Engine(abc.ABC):
 
     async def aclose(self) -> None:
         """Release what the engine holds (threads, HTTP clients). Idempotent."""
+
+    def __deepcopy__(self, memo: dict) -> Engine:
+        # An engine is a shared service (weights, worker threads), not a value: gymnasium
+        # deep-copies `make` kwargs when it re-creates an env from its spec, and that copy must
+        # share the engine.
+        return self

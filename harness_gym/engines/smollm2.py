@@ -62,12 +62,12 @@ def _build(directory: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = dict(gguf_file=gguf.name, local_files_only=True)
+    source = {"gguf_file": gguf.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **source)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **source)
     # The weights are dequantized in memory; without this the copy would be saved (and
     # reloaded) as a GGUF-quantized model, which needs the gguf file again.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tokenizer.chat_template = SMOLLM2_TOOL_TEMPLATE

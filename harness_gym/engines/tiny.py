@@ -69,8 +69,16 @@ def tiny_model_dir() -> Path:
 
 def train_tiny_tokenizer() -> Any:
     """Train the tiny BPE and wrap it as a transformers fast tokenizer (in memory)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))

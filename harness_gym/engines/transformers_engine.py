@@ -27,6 +27,9 @@ class TransformersEngine(Engine):
     `SamplingParams.seed` gives the same tokens whether the stream is consumed chunk by chunk or
     through `generate()`, alone or alongside other streams.
 
+    `num_threads` caps the CPU threads of a prefill (default: torch's, i.e. every core); decode
+    steps use one fewer, so the event loop keeps a core (see `_decode_worker`).
+
     >>> import asyncio
     >>> from harness_gym.engines import SamplingParams, load_engine
     >>> engine = load_engine("tiny")
@@ -66,6 +69,7 @@ class TransformersEngine(Engine):
         chat_template: str | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        num_threads: int | None = None,
     ) -> TransformersEngine:
         """Load a local model directory (never the network). Stop tokens: the generation
         config's and tokenizer's EOS, plus `<|im_end|>` when the vocabulary has it."""
@@ -78,12 +82,13 @@ class TransformersEngine(Engine):
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' stub for .to is too narrow
         return cls(
             model,
             tokenizer,
             model_name=model_name or directory.name,
             stop_token_ids=_default_stop_token_ids(model, tokenizer),
+            num_threads=num_threads,
         )
 
     @property
@@ -100,7 +105,9 @@ class TransformersEngine(Engine):
         """Tokens sampled since the engine started, all streams together."""
         return self._worker.tokens_generated
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
         # Checked here, not at the first iteration, so a caller can answer with an error before
         # it starts a streamed response.
         prompt = list(prompt_ids)  # a private copy: the caller may reuse its list
@@ -110,7 +117,9 @@ class TransformersEngine(Engine):
         self._worker.check_open()
         return self._stream(prompt, sampling)
 
-    async def _stream(self, prompt: list[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    async def _stream(
+        self, prompt: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         request = DecodeRequest(

@@ -11,15 +11,16 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engines.base import Engine
-from . import openai_chat
+from . import anthropic_messages, openai_chat, openai_responses
 from .errors import ProxyError
-from .model_call import CallFinished, ProxySettings, prepare_call
+from .model_call import CallFinished, PreparedCall, ProxySettings, prepare_call
 from .sessions import ProxySession, SessionRegistry
 from .tool_parsers import TextDelta, ToolCallDone
 from .wire import field, parse_json_body
@@ -54,6 +55,10 @@ class ProxyApp:
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -62,7 +67,10 @@ class ProxyApp:
             Route("/sessions/{session_id}", self.delete_session, methods=["DELETE"]),
             Route("/", self.root, methods=["GET", "HEAD"]),
         ]
-        self.asgi = Starlette(routes=routes)
+        self.asgi = Starlette(
+            routes=routes,
+            exception_handlers={404: self._unknown_route, 405: self._unknown_route},
+        )
 
     # --- dialect routes -----------------------------------------------------------------
 
@@ -119,6 +127,87 @@ class ProxyApp:
                 exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
             )
 
+    async def messages(self, request: Request) -> Response:
+        """Anthropic Messages (`/v1/messages`, Claude Code adds `?beta=true`)."""
+        try:
+            session = self._session(request)
+            chat = anthropic_messages.parse_messages_request(
+                parse_json_body(await request.body())
+            )
+            call = await prepare_call(session, self.engine, chat, self.settings)
+        except ProxyError as error:
+            return self._anthropic_error(error)
+        writer = anthropic_messages.MessageWriter(
+            chat.model or self.engine.model_name, call.prompt_tokens
+        )
+        if chat.stream:
+            return self._sse(self._stream(call, writer, anthropic_messages.error_event))
+        try:
+            await self._drain(call, writer)
+        except ProxyError as error:
+            return self._anthropic_error(error)
+        return JSONResponse(writer.message())
+
+    async def count_tokens(self, request: Request) -> Response:
+        """The prompt's real token count, as the bridge would build it; nothing is recorded."""
+        try:
+            session = self._session(request)
+            chat = anthropic_messages.parse_messages_request(
+                parse_json_body(await request.body()), require_max_tokens=False
+            )
+        except ProxyError as error:
+            return self._anthropic_error(error)
+        plan = await anyio.to_thread.run_sync(session.bridge.plan, chat)
+        return JSONResponse({"input_tokens": len(plan.prompt_ids)})
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI Responses (`/v1/responses`), stateless: the whole history comes in `input`."""
+        try:
+            session = self._session(request)
+            chat = openai_responses.parse_responses_request(parse_json_body(await request.body()))
+            call = await prepare_call(session, self.engine, chat, self.settings)
+        except ProxyError as error:
+            return self._openai_error(error)
+        writer = openai_responses.ResponseWriter(chat.model or self.engine.model_name, chat)
+        if chat.stream:
+            return self._sse(self._stream(call, writer, writer.error_events))
+        try:
+            await self._drain(call, writer)
+        except ProxyError as error:
+            return self._openai_error(error)
+        return JSONResponse(writer.response())
+
+    @staticmethod
+    def _sse(events: AsyncIterator[bytes]) -> Response:
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
+
+    @staticmethod
+    async def _drain(call: PreparedCall, writer: Any) -> None:
+        """A non-streamed answer: the same writer as streaming, its bytes thrown away."""
+        try:
+            async for event in call.events():
+                writer.feed(event)
+        except ProxyError:
+            raise
+        except Exception as exc:  # the engine failed mid-call; the call is recorded aborted
+            raise ProxyError("overloaded", f"the engine failed, retry later: {exc}") from None
+
+    @staticmethod
+    async def _stream(call: PreparedCall, writer: Any, error_event: Any) -> AsyncIterator[bytes]:
+        yield writer.start()
+        try:
+            async for event in call.events():
+                chunk = writer.feed(event)
+                if chunk:
+                    yield chunk
+        except Exception as exc:  # the engine failed mid-stream; the call is recorded aborted
+            log.warning("stream aborted: %s", exc)
+            yield error_event(
+                exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
+            )
+
     async def models(self, request: Request) -> Response:
         return JSONResponse(
             {
@@ -137,6 +226,19 @@ class ProxyApp:
 
     def _openai_error(self, error: ProxyError) -> Response:
         return JSONResponse(openai_chat.error_body(error), status_code=error.status)
+
+    def _anthropic_error(self, error: ProxyError) -> Response:
+        return JSONResponse(
+            anthropic_messages.error_body(error),
+            status_code=anthropic_messages.error_status(error),
+        )
+
+    async def _unknown_route(self, request: Request, exc: Exception) -> Response:
+        # CLIs probe paths we do not serve (Hermes: `GET /api/v1/models`): a quiet 404.
+        if request.method == "HEAD":
+            return Response(status_code=404)
+        error = ProxyError("not_found", f"Unknown route: {request.method} {request.url.path}")
+        return self._openai_error(error)
 
     async def root(self, request: Request) -> Response:
         # Claude Code sends `HEAD /` before its first call.

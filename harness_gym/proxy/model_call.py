@@ -29,6 +29,7 @@ class CallFinished:
     turn: AssistantTurn
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the client's stop string that ended the answer
 
 
 @dataclass
@@ -71,6 +72,7 @@ class PreparedCall:
         text_parts: list[str] = []
         tool_calls: list[ToolCall] = []
         finish = None
+        stop_hit = None
         try:
             chunk: TokenChunk | None = self._first
             while chunk is not None:
@@ -84,6 +86,7 @@ class PreparedCall:
                     if cut is not None:
                         text = text[: max(0, cut - (len(text_so_far) - len(text)))]
                         finish = "stop"
+                        stop_hit = next(s for s in stops if text_so_far.startswith(s, cut))
                 for event in parser.feed(text):
                     _collect(event, text_parts, tool_calls)
                     yield event
@@ -111,7 +114,7 @@ class PreparedCall:
             finish_reason="tool_calls" if tool_calls and reason == "stop" else reason,
         )
         self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
-        yield CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids))
+        yield CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids), stop_hit)
 
     async def run(self) -> CallFinished:
         """Consume the whole call (non-streaming answers)."""

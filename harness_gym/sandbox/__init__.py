@@ -27,6 +27,7 @@ __all__ = [
     "SandboxError",
     "SandboxSpec",
     "available_sandboxes",
+    "default_sandbox",
     "load_sandbox",
 ]
 
@@ -34,6 +35,15 @@ __all__ = [
 def available_sandboxes() -> list[str]:
     """Names of the installed sandbox backends."""
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def default_sandbox() -> str:
+    """The most isolating backend that works here: `"bwrap"` where bubblewrap can make
+    namespaces, `"local"` otherwise (no bubblewrap, or a container that forbids namespaces)."""
+    # Imported here: bwrap probes the host once, on first use, not on every import.
+    from .bwrap import bwrap_available
+
+    return "bwrap" if bwrap_available() else "local"
 
 
 def load_sandbox(spec: str | SandboxBackend) -> SandboxBackend:

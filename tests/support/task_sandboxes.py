@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness_gym.tasks import Task, materialize
+
 from harness_gym.sandbox.base import Sandbox, SandboxSpec
 from harness_gym.sandbox.local import LocalSandboxBackend
-from harness_gym.tasks import Task, materialize
 
 PYTHON_PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 

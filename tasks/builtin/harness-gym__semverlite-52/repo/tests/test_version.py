@@ -1,5 +1,3 @@
-import pytest
-
 from semverlite import InvalidVersion, Version, parse
 
 

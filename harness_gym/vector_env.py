@@ -1,0 +1,300 @@
+"""`HarnessVectorEnv`: N harness episodes per `step()`, run concurrently, grouped for GRPO.
+
+    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
+    >>> envs = gym.make_vec("HarnessSWE-v0", num_envs=4, vectorization_mode="vector_entry_point",
+    ...                     harness="pi", engine="oracle", group_size=2, progress=False)
+    >>> problems, infos = envs.reset(seed=0)      # problems[0] == problems[1], [2] == [3]
+    >>> problems, rewards, terminated, truncated, infos = envs.step(
+    ...     {"policy_version": np.full(4, 7)})
+    >>> infos["outcome"], infos["policy_version_max"]
+    (array(['passed', 'passed', 'passed', 'passed'], dtype=object), array([7, 7, 7, 7]))
+    >>> envs.close()
+
+Why threads and not `AsyncVectorEnv` processes: an episode is a CLI subprocess talking HTTP to
+the proxy, so a step spends its time waiting; threads share ONE proxy and ONE engine, and an
+engine batches concurrent streams (one token each per round) only if they reach the same engine
+object. N processes would load N models and start N proxies.
+
+Autoreset is same-step (`AutoresetMode.SAME_STEP`): every step ends every episode, so `step()`
+returns the observations of the NEXT tasks, already reset, and `infos` holds the finished
+episodes' infos themselves (not nested under `final_info`), plus `final_obs` (the finished
+episodes' problem statements) and `next_task_id`. Infos are batched the Gymnasium way: each key
+an array over sub-envs with a `_key` boolean mask; numbers become numeric arrays, schema-stable
+dicts (`reward_breakdown`) are batched key by key, and per-episode structures (`trace`, `tests`,
+`grade`, `harness_output`) stay whole in object arrays.
+
+Groups: with `group_size=G`, sub-envs `[k*G, (k+1)*G)` get the same task at every reset (one
+GRPO group); the seeded RNG draws one task per group. `harness` may be a list, one per sub-env
+(cycled when shorter): each distinct harness gets its own `EpisodeRunner` on the shared proxy,
+and `infos["harness"]` says which ran.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, ClassVar, Self
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from .engines import Engine, load_engine
+from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
+from .episode import EpisodeResult, EpisodeRunner
+from .harness import HarnessSpec, load_harness
+from .proxy import InterceptionProxy
+from .rewards import RewardConfig
+from .sandbox import SandboxBackend, load_sandbox
+from .tasks.loader import TaskSpec, load_tasks
+from .tasks.task import Task
+
+# Per-episode structures whose keys differ between episodes: batching them key by key would
+# give a sparse dict of test names across tasks, so they stay whole, one dict/list per sub-env.
+WHOLE_INFO_KEYS = frozenset({"trace", "tests", "grade", "harness_output"})
+
+
+class HarnessVectorEnv(VectorEnv):
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP,
+                                          "render_modes": []}
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        harness: str | HarnessSpec | Sequence[str | HarnessSpec] = "pi",
+        tasks: TaskSpec | list[Task] = "builtin",
+        engine: str | Engine = "smollm2",
+        sandbox: str | SandboxBackend = "local",
+        reward: RewardConfig | dict[str, Any] | None = None,
+        episode_timeout_s: float = 900.0,
+        test_timeout_s: float = 300.0,
+        group_size: int = 1,
+        sampling: dict[str, Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        if num_envs < 1 or group_size < 1 or num_envs % group_size:
+            raise ValueError(f"num_envs={num_envs} must be a positive multiple of "
+                             f"group_size={group_size}")
+        if episode_timeout_s <= 0 or test_timeout_s <= 0:
+            raise ValueError("episode_timeout_s and test_timeout_s must be positive")
+        harnesses = list(harness) if isinstance(harness, (list, tuple)) else [harness]
+        if not harnesses:
+            raise ValueError("harness must name at least one harness")
+        loaded = [load_harness(h) for h in harnesses]
+        self.harnesses: list[HarnessSpec] = [loaded[i % len(loaded)] for i in range(num_envs)]
+        self.tasks = load_tasks(tasks)
+        self.reward_config = RewardConfig.coerce(reward)
+        self.num_envs = num_envs
+        self.group_size = group_size
+        self.single_observation_space = AnyText(MAX_PROBLEM_CHARS)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.single_action_space = ACTION_SPACE
+        self.action_space = batch_space(ACTION_SPACE, num_envs)
+        self.policy_version: int | None = None  # used where an action gives none
+        self._engine_spec = engine
+        self._owns_engine = not isinstance(engine, Engine)
+        self._sandbox_spec = sandbox
+        self._sampling = dict(sampling or {})
+        self._episode_timeout_s = episode_timeout_s
+        self._test_timeout_s = test_timeout_s
+        self._progress = progress
+        self._runners: dict[str, EpisodeRunner] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._current: list[Task] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._runners:
+            return
+        engine = load_engine(self._engine_spec)
+        if hasattr(engine, "add_tasks"):  # the oracle needs to know the answers
+            engine.add_tasks(self.tasks)
+        say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
+        proxy = InterceptionProxy(engine).start()
+        backend = load_sandbox(self._sandbox_spec)
+        for spec in self.harnesses:
+            if spec.name not in self._runners:
+                spec.install(progress=say)
+                self._runners[spec.name] = EpisodeRunner(
+                    proxy, spec, backend, reward=self.reward_config,
+                    episode_timeout_s=self._episode_timeout_s,
+                    test_timeout_s=self._test_timeout_s,
+                )
+        self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="harness-episode")
+
+    @property
+    def engine(self) -> Engine:
+        self._start()
+        return next(iter(self._runners.values())).proxy.engine
+
+    def close_extras(self, **kwargs: Any) -> None:
+        runners, self._runners = list(self._runners.values()), {}
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if not runners:
+            return
+        proxy, backend = runners[0].proxy, runners[0].backend  # shared by all runners
+        proxy.stop()
+        backend.close()
+        for runner in runners:
+            runner.close()
+        if self._owns_engine and hasattr(proxy.engine, "close"):
+            proxy.engine.close()
+
+    # --- gymnasium API --------------------------------------------------------------------
+
+    def set_policy_version(self, version: int | None) -> None:
+        """The weights' version recorded on every call where an action names none."""
+        self.policy_version = None if version is None else int(version)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Draw one task per group. `options={"task_ids": [...]}` names one per group."""
+        super().reset(seed=seed)
+        self._start()
+        task_ids = (options or {}).get("task_ids")
+        self._current = self._draw_tasks(task_ids)
+        return self._observations(), self._reset_infos()
+
+    def step(
+        self, actions: dict[str, Any] | Sequence[dict[str, Any] | None] | None
+    ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if self._current is None:
+            raise gym.error.ResetNeeded("call reset() before step(): each step is one episode")
+        per_env = self._split_actions(actions)
+        tasks, self._current = self._current, None
+        futures = {
+            self._pool.submit(self._runners[self.harnesses[i].name].run, tasks[i],
+                              sampling=sampling, policy_version=version): i
+            for i, (sampling, version) in enumerate(per_env)
+        }
+        results: list[EpisodeResult | None] = [None] * self.num_envs
+        with _StepProgress(self.num_envs, enabled=self._progress) as bar:
+            for future in as_completed(futures):
+                result = future.result()  # EpisodeRunner.run turns every failure into an outcome
+                results[futures[future]] = result
+                bar.done(result.outcome)
+        episodes = [r.info() for r in results]
+        self._current = self._draw_tasks(None)  # same-step autoreset
+        for i, info in enumerate(episodes):
+            info["final_obs"] = tasks[i].problem_statement
+            info["next_task_id"] = self._current[i].instance_id
+        rewards = np.array([r.reward for r in results], dtype=np.float64)
+        terminations = np.ones(self.num_envs, dtype=np.bool_)
+        truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        return self._observations(), rewards, terminations, truncations, batch_infos(episodes)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _draw_tasks(self, task_ids: Sequence[str] | None) -> list[Task]:
+        n_groups = self.num_envs // self.group_size
+        if task_ids is not None:
+            if len(task_ids) != n_groups:
+                raise ValueError(f"task_ids names one task per group: {n_groups}, "
+                                 f"got {len(task_ids)}")
+            by_id = {t.instance_id: t for t in self.tasks}
+            missing = [t for t in task_ids if t not in by_id]
+            if missing:
+                raise ValueError(f"no task {missing[0]!r} in this suite; known: "
+                                 f"{', '.join(by_id)}")
+            chosen = [by_id[t] for t in task_ids]
+        else:
+            picks = self.np_random.integers(len(self.tasks), size=n_groups)
+            chosen = [self.tasks[int(k)] for k in picks]
+        return [task for task in chosen for _ in range(self.group_size)]
+
+    def _observations(self) -> tuple[str, ...]:
+        return tuple(task.problem_statement for task in self._current)
+
+    def _reset_infos(self) -> dict[str, Any]:
+        return batch_infos([
+            {"task_id": t.instance_id, "repo": t.repo, "harness": h.name,
+             "group": i // self.group_size}
+            for i, (t, h) in enumerate(zip(self._current, self.harnesses))
+        ])
+
+    def _split_actions(self, actions: Any) -> list[tuple[dict[str, Any], int | None]]:
+        """Per sub-env (sampling, version): actions are None, a batched Dict (a dict of arrays,
+        as `action_space.sample()` gives) or a sequence of per-env dicts."""
+        if actions is None:
+            per_env: list[dict[str, Any] | None] = [None] * self.num_envs
+        elif isinstance(actions, dict):
+            per_env = [{k: np.asarray(v)[i] for k, v in actions.items() if v is not None}
+                       for i in range(self.num_envs)]
+        elif isinstance(actions, Sequence) and len(actions) == self.num_envs:
+            per_env = list(actions)
+        else:
+            raise TypeError(f"actions are None, a dict of arrays of length {self.num_envs}, or "
+                            f"a sequence of {self.num_envs} per-env dicts; got {actions!r:.200}")
+        parsed = []
+        for action in per_env:
+            sampling, version = parse_action(action, self._sampling)
+            parsed.append((sampling, self.policy_version if version is None else version))
+        return parsed
+
+
+def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-env info dicts -> one dict of arrays with `_key` masks (Gymnasium's layout).
+
+    Unlike `VectorEnv._add_info`, the dtype is chosen from all envs' values at once, so an info
+    that is an int in one env and None in another (`policy_version_min` of an episode that made
+    no call) becomes an object array instead of failing on the assignment.
+    """
+    n = len(infos)
+    batched: dict[str, Any] = {}
+    keys = dict.fromkeys(k for info in infos for k in info)
+    for key in keys:
+        mask = np.array([key in info for info in infos], dtype=np.bool_)
+        values = [info.get(key) for info in infos]
+        present = [v for v, m in zip(values, mask) if m]
+        if key not in WHOLE_INFO_KEYS and all(isinstance(v, dict) for v in present):
+            batched[key] = batch_infos([v if isinstance(v, dict) else {} for v in values])
+        else:
+            batched[key] = _array(values, mask, n)
+        batched[f"_{key}"] = mask
+    return batched
+
+
+def _array(values: list[Any], mask: np.ndarray, n: int) -> np.ndarray:
+    present = [v for v, m in zip(values, mask) if m]
+    kinds = {type(v) for v in present}
+    if len(kinds) == 1 and (kinds <= {bool, int, float} or issubclass(next(iter(kinds)), np.number)):
+        array = np.zeros(n, dtype=next(iter(kinds)))
+        array[mask] = present
+        return array
+    array = np.full(n, None, dtype=object)
+    for i, (v, m) in enumerate(zip(values, mask)):
+        if m:
+            array[i] = v
+    return array
+
+
+class _StepProgress:
+    """A tqdm bar for one step: one tick per finished episode, outcomes so far as postfix."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._bar = None
+        self._outcomes: Counter[str] = Counter()
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="episodes", unit="ep", leave=False)
+
+    def done(self, outcome: str) -> None:
+        self._outcomes[outcome] += 1
+        if self._bar is not None:
+            self._bar.set_postfix(self._outcomes, refresh=False)
+            self._bar.update(1)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

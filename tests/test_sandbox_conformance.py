@@ -1,0 +1,23 @@
+"""The shared sandbox conformance suite (tests/sandbox_conformance.py), run for each backend
+whose processes live on this host."""
+
+from __future__ import annotations
+
+import pytest
+from sandbox_conformance import SandboxConformance
+
+from harness_gym.sandbox.bwrap import bwrap_available
+
+
+class TestLocal(SandboxConformance):
+    backend_name = "local"
+    isolates_files = False
+
+
+@pytest.mark.skipif(
+    not bwrap_available(),
+    reason="bubblewrap is not installed or cannot make namespaces here (apt-get install bubblewrap)",
+)
+class TestBwrap(SandboxConformance):
+    backend_name = "bwrap"
+    signal_exit_codes = (137,)  # bwrap reports a signal death in the shell's 128+n encoding
