@@ -1,7 +1,8 @@
 """Where tasks come from, and how a directory task becomes a git repository.
 
 `load_tasks` reads a suite: `"builtin"`, a task directory (one folder per task: `task.json` +
-`repo/`), a JSONL file of SWE-rebench V2 / SWE-bench rows, a list of `Task`s (or row dicts), or
+`repo/`), a JSONL, JSON or Parquet file of SWE-rebench V2 / SWE-bench rows (as the datasets ship
+them: list fields and `install_config` either native or JSON-encoded), a list of `Task`s (or row dicts), or
 the name of an entry point in the `harness_gym.tasks` group (a callable returning any of those).
 
 `materialize` copies a directory task's `repo/` and commits it once with fixed author, committer,
@@ -96,7 +97,8 @@ def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
             return _resolve(loaded() if callable(loaded) else loaded, install_config)
         installed = sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
         raise TaskError(
-            f"task suite {spec!r} is not 'builtin', not an existing directory or .jsonl file, "
+            f"task suite {spec!r} is not 'builtin', not an existing directory or .jsonl file "
+            "(or .json, .parquet), "
             f"and not an entry point in {ENTRY_POINT_GROUP!r} "
             f"(installed: {', '.join(installed) or 'none'})"
         )
@@ -132,6 +134,9 @@ def _task_from_item(item: Any, install_config: Mapping[str, Any] | None, where: 
 
 
 def _load_rows_file(path: Path, install_config: Mapping[str, Any] | None) -> list[Task]:
+    if path.suffix == ".parquet":
+        rows = _read_parquet(path)
+        return [_task_from_item(row, install_config, f"{path}[{i}]") for i, row in enumerate(rows)]
     if path.suffix == ".json":  # one JSON list of rows
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
@@ -141,7 +146,9 @@ def _load_rows_file(path: Path, install_config: Mapping[str, Any] | None) -> lis
             raise TaskError(f"{path}: a .json task file must hold a list of rows")
         return [_task_from_item(row, install_config, f"{path}[{i}]") for i, row in enumerate(rows)]
     if path.suffix != ".jsonl":
-        raise TaskError(f"{path}: task files must be .jsonl (one row a line) or .json (a list)")
+        raise TaskError(
+            f"{path}: task files must be .jsonl (one row a line), .json (a list) or .parquet"
+        )
     tasks = []
     with path.open(encoding="utf-8") as lines:
         for line_number, line in enumerate(lines, start=1):
@@ -153,6 +160,18 @@ def _load_rows_file(path: Path, install_config: Mapping[str, Any] | None) -> lis
                 raise TaskError(f"{path}:{line_number}: not valid JSON: {error}") from None
             tasks.append(_task_from_item(row, install_config, f"{path}:{line_number}"))
     return tasks
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    """Rows of a Parquet file (the Hugging Face datasets' format) as plain Python values."""
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise TaskError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        return parquet.read_table(path).to_pylist()
+    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise TaskError(f"{path}: not a readable Parquet file: {error}") from None
 
 
 def _load_directory(path: Path) -> list[Task]:

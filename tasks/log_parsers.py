@@ -3,7 +3,12 @@
 A task names its parser in `install_config["log_parser"]`; `get_log_parser(name)` looks it up in
 a registry that `register_log_parser` extends, so a suite for another test framework adds its
 parser without touching the grader. Built-ins: `pytest` (the `-rA` short summary, plus `-v`
-progress lines when present) and `junit` (JUnit XML found anywhere in the text).
+progress lines when present), `unittest` / `django` (`test_x (module.Class) ... ok` lines of
+`unittest -v` and Django's runner) and `junit` (JUnit XML found anywhere in the text).
+
+`pytest_session_totals` reads pytest's closing `N passed, M failed in 1.2s` line(s); the grader
+checks a pytest log's report lines against it, so lines a test or conftest printed cannot stand
+in for a run that never finished.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ __all__ = [
     "log_parser_names",
     "parse_junit_xml",
     "parse_pytest_log",
+    "parse_unittest_log",
+    "pytest_session_totals",
     "register_log_parser",
 ]
 
@@ -102,6 +109,96 @@ def parse_pytest_log(log: str) -> dict[str, TestStatus]:
                 _record(statuses, node_id, status)
         elif verbose := _VERBOSE_LINE.match(line):
             _record(statuses, verbose["id"], TestStatus(verbose["status"]))
+    return statuses
+
+
+# pytest's last line: `==== 2 failed, 5 passed, 1 warning in 0.12s ====` (`-qq` drops the `=`).
+_SESSION_LINE = re.compile(
+    r"^=*\s*(?P<counts>(?:\d+ [a-z]+(?:, )?)+|no tests ran) in [\d.]+s(?: \([^)]*\))?\s*=*$"
+)
+_COUNT = re.compile(r"(\d+) ([a-z]+)")
+_COUNT_WORDS = {"error": "errors", "warning": "warnings"}
+
+
+def pytest_session_totals(log: str) -> dict[str, int] | None:
+    """Summed counts of every pytest session summary line in `log` (`{"passed": 5, ...}`), or
+    None when there is none: pytest never finished (it was killed, `os._exit`ed, or not run).
+
+    >>> pytest_session_totals("=== 1 failed, 2 passed in 0.10s ===")
+    {'failed': 1, 'passed': 2}
+    """
+    totals: dict[str, int] | None = None
+    for raw_line in log.splitlines():
+        line = _ANSI_ESCAPE.sub("", raw_line).strip()
+        if session := _SESSION_LINE.match(line):
+            totals = totals if totals is not None else {}
+            for number, word in _COUNT.findall(session["counts"]):
+                word = _COUNT_WORDS.get(word, word)
+                totals[word] = totals.get(word, 0) + int(number)
+    return totals
+
+
+# --- unittest and Django ------------------------------------------------------------------------
+
+_UNITTEST_WORDS = {
+    "ok": TestStatus.PASSED,
+    "FAIL": TestStatus.FAILED,
+    "ERROR": TestStatus.ERROR,
+    "expected failure": TestStatus.XFAIL,
+    "unexpected success": TestStatus.XPASS,
+}
+# `test_x (pkg.mod.Class) ... ok`; Python >= 3.11 writes `(pkg.mod.Class.test_x)`.
+_UNITTEST_ID = r"(?P<name>[^\s(]+) \((?P<where>[\w.]+)\)"
+_UNITTEST_LINE = re.compile(rf"^{_UNITTEST_ID} \.\.\. ?(?P<word>.*)$")
+_UNITTEST_HEADER = re.compile(rf"^(?P<word>FAIL|ERROR): {_UNITTEST_ID}")
+_UNITTEST_NAME_ONLY = re.compile(rf"^{_UNITTEST_ID}$")  # a docstring line follows
+
+
+def _unittest_id(name: str, where: str) -> str:
+    """SWE-bench's id, `test_x (pkg.mod.Class)`, the same on every Python version."""
+    return f"{name} ({where.removesuffix('.' + name)})"
+
+
+def _unittest_status(word: str) -> TestStatus | None:
+    word = word.strip()
+    if word.startswith("skipped"):
+        return TestStatus.SKIPPED
+    return _UNITTEST_WORDS.get(word)
+
+
+def parse_unittest_log(log: str) -> dict[str, TestStatus]:
+    """Parse `python -m unittest -v` / Django `runtests.py --verbosity 2` output.
+
+    >>> parse_unittest_log("test_a (m.T) ... ok\\ntest_b (m.T.test_b) ... FAIL")
+    {'test_a (m.T)': <TestStatus.PASSED: 'PASSED'>, 'test_b (m.T)': <TestStatus.FAILED: 'FAILED'>}
+
+    A test with a docstring prints it on the next line (`Docstring ... ok`), and a test that
+    prints leaves `test_x (m.T) ... ` open until its status word arrives on a line of its own;
+    both are followed. `FAIL: test_x (m.T)` headers of the failure report count as well.
+    """
+    statuses: dict[str, TestStatus] = {}
+    pending: str | None = None  # a test whose status word has not arrived yet
+    for raw_line in log.splitlines():
+        line = _ANSI_ESCAPE.sub("", raw_line).rstrip()
+        if header := _UNITTEST_HEADER.match(line):
+            status = TestStatus.FAILED if header["word"] == "FAIL" else TestStatus.ERROR
+            _record(statuses, _unittest_id(header["name"], header["where"]), status)
+            pending = None
+        elif test := _UNITTEST_LINE.match(line):
+            test_id = _unittest_id(test["name"], test["where"])
+            status = _unittest_status(test["word"])
+            if status is None:
+                pending = test_id
+            else:
+                _record(statuses, test_id, status)
+                pending = None
+        elif named := _UNITTEST_NAME_ONLY.match(line):
+            pending = _unittest_id(named["name"], named["where"])
+        elif pending is not None:
+            word = line.rsplit(" ... ", 1)[-1] if " ... " in line else line
+            if (status := _unittest_status(word)) is not None:
+                _record(statuses, pending, status)
+                pending = None
     return statuses
 
 
@@ -195,3 +292,9 @@ register_log_parser("pytest", parse_pytest_log)
 register_log_parser("parse_log_pytest", parse_pytest_log)
 register_log_parser("parse_log_pytest_v2", parse_pytest_log)
 register_log_parser("junit", parse_junit_xml)
+register_log_parser("unittest", parse_unittest_log)
+register_log_parser("django", parse_unittest_log)
+register_log_parser("parse_log_django", parse_unittest_log)
+
+# Parsers that read pytest's own output: the grader holds their logs to pytest's session totals.
+PYTEST_LOG_PARSERS = frozenset({"pytest", "parse_log_pytest", "parse_log_pytest_v2"})

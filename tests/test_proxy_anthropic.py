@@ -15,13 +15,13 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.engines import RecordingEngine, tool_call_script
+from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
 from harness_gym.engines import Engine, SamplingParams, TokenChunk, load_engine
 from harness_gym.engines.base import EngineError
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
-from support.engines import RecordingEngine, tool_call_script
-from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
 BASH = {
     "name": "bash",
@@ -250,6 +250,29 @@ def test_unknown_fields_and_server_tools_are_tolerated(small_context_proxy):
     assert response.json()["content"] == [{"type": "text", "text": "ok"}]
 
 
+def test_the_raw_stream_is_anthropics_full_event_sequence(tiny):
+    engine = ScriptedEngine(tiny, tool_call_script(turns=2))
+    with InterceptionProxy(engine) as proxy:
+        session = proxy.open_session()
+        body = {**GOOD, "max_tokens": 200, "stream": True, "tools": [BASH]}
+        response = post(proxy, body, session.session_id)
+    events = [(e.split("\n")[0], json.loads(e.split("\n")[1][6:]))
+              for e in response.text.strip().split("\n\n")]
+    kinds = [k.removeprefix("event: ") for k, _ in events]
+    assert all(kind == data["type"] for kind, (_, data) in zip(kinds, events))
+    assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert kinds[-5:] == ["content_block_start", "content_block_delta", "content_block_stop",
+                          "message_delta", "message_stop"]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] > 0
+    tool_start, tool_delta = events[-5][1], events[-4][1]
+    assert tool_start["index"] == 1 and tool_start["content_block"]["type"] == "tool_use"
+    assert json.loads(tool_delta["delta"]["partial_json"]) == {"command": "echo step0 > out0.txt"}
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert events[-2][1]["usage"]["output_tokens"] == session.trace.calls[0].completion_tokens
+
+
 @pytest.mark.parametrize(
     "body, words",
     [
@@ -362,15 +385,16 @@ def test_a_failure_mid_stream_is_an_error_event(tiny):
         assert "event: message_start" in response.text
         assert 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"' in (
             response.text)
-        with pytest.raises(anthropic.APIStatusError):
-            with client.messages.stream(**{**GOOD, "max_tokens": 10}) as events:
-                list(events)
+        stream = client.messages.stream(**{**GOOD, "max_tokens": 10})
+        with pytest.raises(anthropic.APIStatusError), stream as events:
+            list(events)
         assert {c.kind for c in session.trace.calls} == {"aborted"}
 
 
 # --- fuzz: every body gets a shaped 4xx or a valid answer, never a 500 --------------------
 
-_json = st.recursive(
+# Any JSON value, for fields a fuzzed body gets wrong.
+ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 300) | st.floats(-1, 3) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
                                                                 max_size=3),
@@ -380,27 +404,27 @@ _block = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}),
     st.fixed_dictionaries({"type": st.just("tool_use"), "id": st.text(max_size=5),
                            "name": st.sampled_from(["bash", "x"]),
-                           "input": st.dictionaries(st.text(max_size=4), _json, max_size=2)}),
+                           "input": st.dictionaries(st.text(max_size=4), ANY_JSON, max_size=2)}),
     st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.text(max_size=5),
                            "content": st.text(max_size=10) | st.lists(
                                st.fixed_dictionaries({"type": st.just("text"),
                                                       "text": st.text(max_size=5)}), max_size=2)}),
     st.fixed_dictionaries({"type": st.sampled_from(["thinking", "image", "weird"])}),
-    _json,
+    ANY_JSON,
 )
 _message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "system", "tool"]),
-     "content": st.text(max_size=20) | st.lists(_block, max_size=3) | _json}
+     "content": st.text(max_size=20) | st.lists(_block, max_size=3) | ANY_JSON}
 )
 _wild_body = st.fixed_dictionaries(
-    {"messages": st.lists(_message, max_size=4) | _json},
-    optional={"model": st.text(max_size=5) | _json, "max_tokens": st.integers(-1, 8) | _json,
-              "system": st.text(max_size=10) | st.lists(_block, max_size=2) | _json,
-              "stream": st.booleans() | _json, "temperature": st.floats(-1, 2) | _json,
-              "top_p": _json, "top_k": _json, "stop_sequences": st.lists(st.text(max_size=3),
-                                                                        max_size=2) | _json,
-              "tools": st.lists(st.just(BASH) | _json, max_size=2) | _json,
-              "tool_choice": _json, "metadata": _json, "cache_control": _json},
+    {"messages": st.lists(_message, max_size=4) | ANY_JSON},
+    optional={"model": st.text(max_size=5) | ANY_JSON, "max_tokens": st.integers(-1, 8) | ANY_JSON,
+              "system": st.text(max_size=10) | st.lists(_block, max_size=2) | ANY_JSON,
+              "stream": st.booleans() | ANY_JSON, "temperature": st.floats(-1, 2) | ANY_JSON,
+              "top_p": ANY_JSON, "top_k": ANY_JSON, "stop_sequences": st.lists(st.text(max_size=3),
+                                                                        max_size=2) | ANY_JSON,
+              "tools": st.lists(st.just(BASH) | ANY_JSON, max_size=2) | ANY_JSON,
+              "tool_choice": ANY_JSON, "metadata": ANY_JSON, "cache_control": ANY_JSON},
 )
 _text_block = st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)})
 # Well-formed bodies, so that a good share of the cases reach the model and its answer.
@@ -413,8 +437,8 @@ _valid_body = st.fixed_dictionaries(
     optional={"model": st.text(max_size=5), "system": st.text(max_size=10),
               "stream": st.booleans(), "temperature": st.floats(0, 1),
               "stop_sequences": st.lists(st.text(min_size=1, max_size=3), max_size=2),
-              "tools": st.lists(st.just(BASH), max_size=1), "metadata": _json,
-              "thinking": _json, "tool_choice": st.just({"type": "auto"})},
+              "tools": st.lists(st.just(BASH), max_size=1), "metadata": ANY_JSON,
+              "thinking": ANY_JSON, "tool_choice": st.just({"type": "auto"})},
 )
 _body = st.one_of(_valid_body, *[_wild_body] * 4)  # a fifth are well-formed
 

@@ -13,13 +13,13 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.engines import RecordingEngine, tool_call_script
+from test_proxy_anthropic import ANY_JSON, BrokenEngine
+from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
 from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
-from support.engines import RecordingEngine, tool_call_script
-from test_proxy_anthropic import BrokenEngine
-from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
 BASH = {
     "type": "function",
@@ -240,36 +240,30 @@ def test_an_engine_that_is_down_or_dies_mid_stream_gets_an_overloaded_error(tiny
 
 # --- fuzz: every body gets a shaped 4xx or a valid answer, never a 500 --------------------
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 300) | st.floats(-1, 3) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                max_size=3),
-    max_leaves=8,
-)
 _part = st.fixed_dictionaries(
     {"type": st.sampled_from(["input_text", "output_text", "input_image", "x"]),
-     "text": st.text(max_size=10) | _json}
-) | _json
+     "text": st.text(max_size=10) | ANY_JSON}
+) | ANY_JSON
 _item = st.one_of(
     st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer", "tool"]),
-                           "content": st.text(max_size=10) | st.lists(_part, max_size=2) | _json},
+                           "content": st.text(max_size=10) | st.lists(_part, max_size=2) | ANY_JSON},
                           optional={"type": st.just("message")}),
     st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.text(max_size=4),
                            "name": st.sampled_from(["bash", "x"]),
-                           "arguments": st.sampled_from(["{}", '{"a": 1}', "{bad", ""]) | _json}),
+                           "arguments": st.sampled_from(["{}", '{"a": 1}', "{bad", ""]) | ANY_JSON}),
     st.fixed_dictionaries({"type": st.just("function_call_output"),
-                           "call_id": st.text(max_size=4) | _json,
-                           "output": st.text(max_size=10) | st.lists(_part, max_size=2) | _json}),
+                           "call_id": st.text(max_size=4) | ANY_JSON,
+                           "output": st.text(max_size=10) | st.lists(_part, max_size=2) | ANY_JSON}),
     st.fixed_dictionaries({"type": st.sampled_from(["reasoning", "item_reference"])}),
-    _json,
+    ANY_JSON,
 )
 _body = st.fixed_dictionaries(
-    {"input": st.text(max_size=10) | st.lists(_item, max_size=4) | _json},
-    optional={"model": st.text(max_size=5) | _json, "instructions": st.text(max_size=10) | _json,
-              "max_output_tokens": st.integers(-1, 8) | _json, "stream": st.booleans() | _json,
-              "temperature": st.floats(-1, 3) | _json, "top_p": _json,
-              "tools": st.lists(st.just(BASH) | _json, max_size=2) | _json,
-              "metadata": _json, "previous_response_id": st.none() | st.text(max_size=3)},
+    {"input": st.text(max_size=10) | st.lists(_item, max_size=4) | ANY_JSON},
+    optional={"model": st.text(max_size=5) | ANY_JSON, "instructions": st.text(max_size=10) | ANY_JSON,
+              "max_output_tokens": st.integers(-1, 8) | ANY_JSON, "stream": st.booleans() | ANY_JSON,
+              "temperature": st.floats(-1, 3) | ANY_JSON, "top_p": ANY_JSON,
+              "tools": st.lists(st.just(BASH) | ANY_JSON, max_size=2) | ANY_JSON,
+              "metadata": ANY_JSON, "previous_response_id": st.none() | st.text(max_size=3)},
 )
 
 

@@ -263,8 +263,14 @@ class MessageWriter:
             return "stop_sequence"
         return _STOP_REASONS[self._done.turn.finish_reason]
 
-    def message(self) -> dict[str, Any]:
-        assert self._done is not None, "message() needs the call's CallFinished"
+    def keepalive(self) -> bytes:
+        return _sse("ping", {"type": "ping"})
+
+    def error_event(self, error: ProxyError) -> bytes:
+        return error_event(error)
+
+    def body(self) -> dict[str, Any]:
+        assert self._done is not None, "body() needs the call's CallFinished"
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": self.blocks, "stop_reason": self._stop_reason(),
                 "stop_sequence": self._done.stop_sequence,

@@ -8,7 +8,8 @@ the dialect the caller speaks, never as a bare 500 page.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -20,12 +21,45 @@ from starlette.routing import Route
 from ..engines.base import Engine
 from . import anthropic_messages, openai_chat, openai_responses
 from .errors import ProxyError
-from .model_call import CallFinished, PreparedCall, ProxySettings, prepare_call
+from .canonical import ChatRequest
+from .model_call import KeepAlive, PreparedCall, ProxySettings, prepare_call
 from .sessions import ProxySession, SessionRegistry
-from .tool_parsers import TextDelta, ToolCallDone
 from .wire import field, parse_json_body
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the wire formats; everything else is shared."""
+
+    parse: Callable[[dict[str, Any]], ChatRequest]
+    writer: Callable[[str, ChatRequest, int], Any]  # (model, request, prompt_tokens) -> writer
+    error_body: Callable[[ProxyError], dict[str, Any]]
+    error_status: Callable[[ProxyError], int]
+
+    def error_response(self, error: ProxyError) -> Response:
+        return JSONResponse(self.error_body(error), status_code=self.error_status(error))
+
+
+OPENAI_CHAT = Dialect(
+    parse=openai_chat.parse_chat_request,
+    writer=lambda model, chat, _: openai_chat.ChatWriter(model, chat.include_usage),
+    error_body=openai_chat.error_body,
+    error_status=lambda error: error.status,
+)
+ANTHROPIC_MESSAGES = Dialect(
+    parse=anthropic_messages.parse_messages_request,
+    writer=lambda model, _, prompt_tokens: anthropic_messages.MessageWriter(model, prompt_tokens),
+    error_body=anthropic_messages.error_body,
+    error_status=anthropic_messages.error_status,
+)
+OPENAI_RESPONSES = Dialect(
+    parse=openai_responses.parse_responses_request,
+    writer=lambda model, chat, _: openai_responses.ResponseWriter(model, chat),
+    error_body=openai_chat.error_body,
+    error_status=lambda error: error.status,
+)
 
 
 def session_key(request: Request) -> str | None:
@@ -83,70 +117,55 @@ class ProxyApp:
             )
         return self.sessions.get(key)
 
-    async def chat_completions(self, request: Request) -> Response:
+    async def _dialect_call(self, request: Request, dialect: Dialect) -> Response:
+        """Every dialect route: parse into the canonical request, run one model call, answer
+        as SSE or JSON through the dialect's writer, and shape every error the dialect's way."""
         try:
             session = self._session(request)
-            chat = openai_chat.parse_chat_request(parse_json_body(await request.body()))
+            chat = dialect.parse(parse_json_body(await request.body()))
             call = await prepare_call(session, self.engine, chat, self.settings)
         except ProxyError as error:
-            return self._openai_error(error)
-        model = chat.model or self.engine.model_name
-        if not chat.stream:
-            try:
-                done = await call.run()
-            except ProxyError as error:
-                return self._openai_error(error)
-            return JSONResponse(
-                openai_chat.chat_completion(
-                    openai_chat.completion_id(), model, done.turn, done.prompt_tokens,
-                    done.completion_tokens,
-                )
+            return dialect.error_response(error)
+        writer = dialect.writer(chat.model or self.engine.model_name, chat, call.prompt_tokens)
+        if chat.stream:
+            return StreamingResponse(
+                self._stream(call, writer), media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
             )
-        return StreamingResponse(
-            self._chat_stream(call, model, chat.include_usage),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
-        )
-
-    async def _chat_stream(self, call: Any, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-        writer = openai_chat.ChatChunkWriter(model)
-        yield writer.role()
         try:
             async for event in call.events():
-                if isinstance(event, TextDelta):
-                    yield writer.text(event.text)
-                elif isinstance(event, ToolCallDone):
-                    yield writer.tool_call(event.call)
-                elif isinstance(event, CallFinished):
-                    yield writer.finish(
-                        event.turn, event.prompt_tokens, event.completion_tokens, include_usage
-                    )
+                if not isinstance(event, KeepAlive):
+                    writer.feed(event)
+        except ProxyError as error:
+            return dialect.error_response(error)
+        except Exception as exc:  # the engine failed mid-call; the call is recorded aborted
+            return dialect.error_response(ProxyError("overloaded", f"the engine failed: {exc}"))
+        return JSONResponse(writer.body())
+
+    @staticmethod
+    async def _stream(call: PreparedCall, writer: Any) -> AsyncIterator[bytes]:
+        yield writer.start()
+        try:
+            async for event in call.events():
+                chunk = writer.keepalive() if isinstance(event, KeepAlive) else writer.feed(event)
+                if chunk:
+                    yield chunk
         except Exception as exc:  # the engine failed mid-stream; the call is recorded aborted
             log.warning("stream aborted: %s", exc)
-            yield openai_chat.error_event(
+            yield writer.error_event(
                 exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
             )
 
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._dialect_call(request, OPENAI_CHAT)
+
     async def messages(self, request: Request) -> Response:
         """Anthropic Messages (`/v1/messages`, Claude Code adds `?beta=true`)."""
-        try:
-            session = self._session(request)
-            chat = anthropic_messages.parse_messages_request(
-                parse_json_body(await request.body())
-            )
-            call = await prepare_call(session, self.engine, chat, self.settings)
-        except ProxyError as error:
-            return self._anthropic_error(error)
-        writer = anthropic_messages.MessageWriter(
-            chat.model or self.engine.model_name, call.prompt_tokens
-        )
-        if chat.stream:
-            return self._sse(self._stream(call, writer, anthropic_messages.error_event))
-        try:
-            await self._drain(call, writer)
-        except ProxyError as error:
-            return self._anthropic_error(error)
-        return JSONResponse(writer.message())
+        return await self._dialect_call(request, ANTHROPIC_MESSAGES)
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI Responses (`/v1/responses`), stateless: the whole history comes in `input`."""
+        return await self._dialect_call(request, OPENAI_RESPONSES)
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's real token count, as the bridge would build it; nothing is recorded."""
@@ -156,57 +175,9 @@ class ProxyApp:
                 parse_json_body(await request.body()), require_max_tokens=False
             )
         except ProxyError as error:
-            return self._anthropic_error(error)
+            return ANTHROPIC_MESSAGES.error_response(error)
         plan = await anyio.to_thread.run_sync(session.bridge.plan, chat)
         return JSONResponse({"input_tokens": len(plan.prompt_ids)})
-
-    async def responses(self, request: Request) -> Response:
-        """OpenAI Responses (`/v1/responses`), stateless: the whole history comes in `input`."""
-        try:
-            session = self._session(request)
-            chat = openai_responses.parse_responses_request(parse_json_body(await request.body()))
-            call = await prepare_call(session, self.engine, chat, self.settings)
-        except ProxyError as error:
-            return self._openai_error(error)
-        writer = openai_responses.ResponseWriter(chat.model or self.engine.model_name, chat)
-        if chat.stream:
-            return self._sse(self._stream(call, writer, writer.error_events))
-        try:
-            await self._drain(call, writer)
-        except ProxyError as error:
-            return self._openai_error(error)
-        return JSONResponse(writer.response())
-
-    @staticmethod
-    def _sse(events: AsyncIterator[bytes]) -> Response:
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
-
-    @staticmethod
-    async def _drain(call: PreparedCall, writer: Any) -> None:
-        """A non-streamed answer: the same writer as streaming, its bytes thrown away."""
-        try:
-            async for event in call.events():
-                writer.feed(event)
-        except ProxyError:
-            raise
-        except Exception as exc:  # the engine failed mid-call; the call is recorded aborted
-            raise ProxyError("overloaded", f"the engine failed, retry later: {exc}") from None
-
-    @staticmethod
-    async def _stream(call: PreparedCall, writer: Any, error_event: Any) -> AsyncIterator[bytes]:
-        yield writer.start()
-        try:
-            async for event in call.events():
-                chunk = writer.feed(event)
-                if chunk:
-                    yield chunk
-        except Exception as exc:  # the engine failed mid-stream; the call is recorded aborted
-            log.warning("stream aborted: %s", exc)
-            yield error_event(
-                exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
-            )
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(
@@ -225,13 +196,7 @@ class ProxyApp:
         )
 
     def _openai_error(self, error: ProxyError) -> Response:
-        return JSONResponse(openai_chat.error_body(error), status_code=error.status)
-
-    def _anthropic_error(self, error: ProxyError) -> Response:
-        return JSONResponse(
-            anthropic_messages.error_body(error),
-            status_code=anthropic_messages.error_status(error),
-        )
+        return OPENAI_CHAT.error_response(error)
 
     async def _unknown_route(self, request: Request, exc: Exception) -> Response:
         # CLIs probe paths we do not serve (Hermes: `GET /api/v1/models`): a quiet 404.

@@ -1,14 +1,16 @@
 """One model call, dialect-neutral: plan the prompt, stream from the engine, parse, record.
 
 `prepare_call` does everything that can reject a request (prompt building, the context check,
-the engine's first token), so a dialect can still answer with an HTTP error; afterwards
+and an engine that fails at once), so a dialect can still answer with an HTTP error; afterwards
 `PreparedCall.events()` streams `TextDelta` / `ToolCallDone` as tokens are sampled and ends with
-`CallFinished`. Whatever happens to the stream (finished, client gone, engine failure) the trace
+`CallFinished`. While a long prefill keeps the first token away, `events()` yields `KeepAlive`
+every `keepalive_s`, so a streaming dialect can send pings and CLIs with idle timers wait. Whatever happens to the stream (finished, client gone, engine failure) the trace
 gets exactly one consistent entry: a committed call, or an aborted one marked incomplete.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -32,9 +34,18 @@ class CallFinished:
     stop_sequence: str | None = None  # the client's stop string that ended the answer
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing sampled yet (long prefill): a streaming answer sends a ping."""
+
+
 @dataclass
 class ProxySettings:
     default_max_tokens: int = 4096
+    # How long a call waits for the engine's first token before the answer starts (so an engine
+    # that is down still gets a proper HTTP error), and how often it pings after that.
+    first_token_grace_s: float = 1.0
+    keepalive_s: float = 5.0
 
 
 class PreparedCall:
@@ -45,8 +56,9 @@ class PreparedCall:
         request: ChatRequest,
         plan: PromptPlan,
         stream: AsyncIterator[TokenChunk],
-        first: TokenChunk,
+        first: asyncio.Future[TokenChunk | None],
         started: float,
+        keepalive_s: float,
     ) -> None:
         self.session = session
         self.engine = engine
@@ -55,6 +67,7 @@ class PreparedCall:
         self._stream = stream
         self._first = first
         self._started = started
+        self._keepalive_s = keepalive_s
         version = session.policy_version
         self.completion = Completion(
             policy_version=engine.policy_version if version is None else version
@@ -64,7 +77,7 @@ class PreparedCall:
     def prompt_tokens(self) -> int:
         return len(self.plan.prompt_ids)
 
-    async def events(self) -> AsyncIterator[ParseEvent | CallFinished]:
+    async def events(self) -> AsyncIterator[ParseEvent | KeepAlive | CallFinished]:
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer)
         parser = make_tool_call_parser(getattr(self.engine, "tool_call_format", "hermes"))
         stops = self.request.sampling.stop
@@ -74,7 +87,11 @@ class PreparedCall:
         finish = None
         stop_hit = None
         try:
-            chunk: TokenChunk | None = self._first
+            while not self._first.done():
+                await asyncio.wait({self._first}, timeout=self._keepalive_s)
+                if not self._first.done():
+                    yield KeepAlive()
+            chunk = _first_result(self._first)
             while chunk is not None:
                 self.completion.add(chunk)
                 text = detokenizer.push(chunk.token_ids)
@@ -97,6 +114,7 @@ class PreparedCall:
                 _collect(event, text_parts, tool_calls)
                 yield event
         except BaseException:
+            self._first.cancel()
             self.completion.finish_reason = "abort"
             self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
             raise
@@ -142,14 +160,29 @@ async def prepare_call(
     )
     try:
         stream = engine.stream(plan.prompt_ids, sampling)
-        first = await anext(stream)
-    except StopAsyncIteration:
-        first = TokenChunk([], [], "stop")
+    except ContextLengthExceeded as exc:
+        raise _context_error(exc) from None
+    first = asyncio.ensure_future(anext(stream, None))
+    await asyncio.wait({first}, timeout=settings.first_token_grace_s)
+    if first.done():
+        try:
+            _first_result(first)
+        except ProxyError:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            raise
+    return PreparedCall(session, engine, request, plan, stream, first, started, settings.keepalive_s)
+
+
+def _first_result(first: asyncio.Future[TokenChunk | None]) -> TokenChunk | None:
+    """The engine's first chunk, its failure mapped to the error a client can act on."""
+    try:
+        chunk = first.result()
     except ContextLengthExceeded as exc:
         raise _context_error(exc) from None
     except EngineError as exc:
         raise ProxyError("overloaded", f"the engine is unavailable, retry later: {exc}") from None
-    return PreparedCall(session, engine, request, plan, stream, first, started)
+    return TokenChunk([], [], "stop") if chunk is None else chunk
 
 
 def _context_error(exc: ContextLengthExceeded) -> ProxyError:

@@ -23,6 +23,8 @@ from .canonical import (
     ToolSpec,
 )
 from .errors import ProxyError, invalid
+from .model_call import CallFinished
+from .tool_parsers import ParseEvent, TextDelta, ToolCallDone
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -213,14 +215,18 @@ def _finish_reason(turn: AssistantTurn) -> str:
     return "stop" if turn.finish_reason == "abort" else turn.finish_reason
 
 
-class ChatChunkWriter:
-    """Builds the `chat.completion.chunk` SSE events of one streamed answer."""
+class ChatWriter:
+    """One answer in Chat Completions form: `chat.completion.chunk` SSE events while streaming
+    (`start`, `feed`), the `chat.completion` object otherwise (`body`); the same events feed
+    both, so streamed and plain answers agree."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, include_usage: bool = False) -> None:
         self.id = completion_id()
         self.model = model
         self.created = int(time.time())
+        self.include_usage = include_usage
         self._n_tool_calls = 0
+        self._done: CallFinished | None = None
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {
@@ -238,24 +244,34 @@ class ChatChunkWriter:
             [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
         )
 
-    def role(self) -> bytes:
+    def start(self) -> bytes:
         return self._delta({"role": "assistant", "content": ""})
 
-    def text(self, text: str) -> bytes:
-        return self._delta({"content": text})
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
 
-    def tool_call(self, call: ToolCall) -> bytes:
-        index = self._n_tool_calls
-        self._n_tool_calls += 1
-        return self._delta({"tool_calls": [_tool_call_json(call, index)]})
-
-    def finish(
-        self, turn: AssistantTurn, prompt_tokens: int, completion_tokens: int, include_usage: bool
-    ) -> bytes:
-        out = self._delta({}, _finish_reason(turn))
-        if include_usage:
-            out += self._event([], usage=_usage(prompt_tokens, completion_tokens))
+    def feed(self, event: ParseEvent | CallFinished) -> bytes:
+        if isinstance(event, TextDelta):
+            return self._delta({"content": event.text})
+        if isinstance(event, ToolCallDone):
+            index = self._n_tool_calls
+            self._n_tool_calls += 1
+            return self._delta({"tool_calls": [_tool_call_json(event.call, index)]})
+        self._done = event
+        out = self._delta({}, _finish_reason(event.turn))
+        if self.include_usage:
+            out += self._event([], usage=_usage(event.prompt_tokens, event.completion_tokens))
         return out + b"data: [DONE]\n\n"
+
+    def body(self) -> dict[str, Any]:
+        assert self._done is not None, "body() needs the call's CallFinished"
+        done = self._done
+        return chat_completion(self.id, self.model, done.turn, done.prompt_tokens,
+                               done.completion_tokens)
+
+    def error_event(self, error: ProxyError) -> bytes:
+        """An error after the stream started: the OpenAI SDK raises on a chunk holding `error`."""
+        return b"data: " + orjson.dumps(error_body(error)) + b"\n\n"
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -281,8 +297,3 @@ def error_body(error: ProxyError) -> dict[str, Any]:
             "messages."
         )
     return {"error": {"message": message, "type": kind, "param": error.param, "code": code}}
-
-
-def error_event(error: ProxyError) -> bytes:
-    """An error after the stream started: the OpenAI SDK raises on a chunk holding `error`."""
-    return b"data: " + orjson.dumps(error_body(error)) + b"\n\n"

@@ -199,6 +199,15 @@ class ResponseWriter:
             "tool_choice": "auto", "tools": self.tools, "usage": usage,
         }
 
+    def body(self) -> dict[str, Any]:
+        return self.response()
+
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"  # an SSE comment: the SDK skips it
+
+    def error_event(self, error: ProxyError) -> bytes:
+        return self.error_events(error)
+
     def start(self) -> bytes:
         head = self.response()
         return (self._event("response.created", response=head)

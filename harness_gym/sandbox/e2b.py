@@ -1,0 +1,483 @@
+"""The `e2b` sandbox: one E2B cloud microVM per rollout, driven through the `e2b` SDK.
+
+Install with `pip install harness-gym[e2b]` and set `E2B_API_KEY`. Written against e2b 2.63
+(`e2b/sandbox_sync/main.py`, `commands/command.py`, `commands/command_handle.py`,
+`filesystem/filesystem.py`).
+
+Reaching the proxy. The harness runs in E2B's cloud, so the proxy on this host's loopback is out
+of its reach. Expose the proxy at a public URL (a tunnel, or a host with a public address and
+`harness-gym serve --host 0.0.0.0`) and pass it as `E2BSandboxBackend(proxy_public_url=...)`;
+the env must then give the harness `backend.harness_base_url(proxy.base_url)`, which is that
+public URL with the proxy's path, instead of the loopback URL.
+
+Layout inside the VM (under one `mktemp -d` dir; the VM itself dies at `close()`)::
+
+    work/  the task repo, uploaded as one tar   (Sandbox.workdir)
+    home/  an empty HOME                         (Sandbox.home)
+    tmp/   TMPDIR
+    logs/  stdin, stdout and stderr files of commands
+
+The helpers at the top (the command wrapper, the marker kill, the layout) are shared with the
+`hf` backend, which drives a different SDK over the same kind of remote shell.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import shlex
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ._processes import JOB_MARKER, SANDBOX_MARKER
+from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+
+TIMEOUT_EXIT_CODE = 124
+KILLED_EXIT_CODE = 137  # what our wrapper shell reports for a SIGKILLed command
+
+# -- the remote shell, shared with hf.py -------------------------------------------------------
+
+
+def inner_command(command: Sequence[str] | str) -> str:
+    """The user's command as one shell word list: a str runs under its own `bash -c`, so that
+    `$$`, `exit` and `kill -9 $$` act on it, not on our wrapper."""
+    if isinstance(command, str):
+        return shlex.join(["bash", "-c", command])
+    return shlex.join(list(command))
+
+
+def exec_script(command: Sequence[str] | str, out: str, err: str, stdin: str) -> str:
+    """Run `command` with its output in files, then print them and exit with its code.
+
+    Output goes to files, not the SDK's pipes: a `cmd &` left behind would hold the pipes open
+    and the call would not return although the command has exited. Not `exec`: the wrapper
+    stays the parent, so a signal death reads as 128+n (137 for SIGKILL), as under bwrap.
+    """
+    q = shlex.quote
+    return (
+        f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < {q(stdin)}; code=$?; "
+        f"cat {q(out)}; cat {q(err)} >&2; rm -f {q(out)} {q(err)}; exit $code"
+    )
+
+
+def job_script(command: Sequence[str] | str, out: str, err: str) -> str:
+    q = shlex.quote
+    return f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < /dev/null; exit $?"
+
+
+def kill_marked_script(var: str, value: str, rounds: int = 50) -> str:
+    """Kill every process in the sandbox whose environment holds `var=value`, until none is
+    left: the remote twin of `_processes.kill_marked` (setsid escapees leave the process group
+    the SDK's kill reaches, but keep our markers)."""
+    pattern = shlex.quote(f"{var}={value}")
+    return (
+        f"for i in $(seq {rounds}); do "
+        f"pids=$(grep -slzxF {pattern} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); "
+        '[ -z "$pids" ] && break; kill -9 $pids 2>/dev/null; sleep 0.01; done; true'
+    )
+
+
+LAYOUT_SCRIPT = (
+    "root=$(mktemp -d -t harness-gym-XXXXXX) && mkdir -p $root/work $root/home $root/tmp "
+    '$root/logs && echo "$root"'
+)
+
+
+def repo_tarball(repo: Path) -> bytes:
+    """The repo, .git and symlinks included, as one gzipped tar: one upload, not one per file."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        tar.add(repo, arcname=".")
+    return buffer.getvalue()
+
+
+def untar_script(tarball: str, workdir: str) -> str:
+    q = shlex.quote
+    return f"tar -xzf {q(tarball)} -C {q(workdir)} --no-same-owner && rm -f {q(tarball)}"
+
+
+def public_base_url(proxy_public_url: str | None, local_url: str, backend: str) -> str:
+    """`local_url` (the proxy's loopback URL) with its scheme and host replaced by the public
+    URL the user exposed the proxy at."""
+    if not proxy_public_url:
+        raise SandboxError(
+            f"the {backend} sandbox runs in the cloud and cannot reach the proxy at {local_url}:"
+            f" expose the proxy at a public URL and pass it as proxy_public_url=..."
+        )
+    public, local = urlsplit(proxy_public_url), urlsplit(local_url)
+    path = public.path.rstrip("/") + local.path
+    return urlunsplit((public.scheme, public.netloc, path, local.query, ""))
+
+
+class RemoteShellSandbox(Sandbox):
+    """What the e2b and hf sandboxes share: paths, environment, markers, files over commands.
+
+    Subclasses run one wrapped bash script (`_run_script`) and move bytes (`_put`, `_get`).
+    """
+
+    backend_name = "remote"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.id = uuid.uuid4().hex[:16]  # HARNESS_GYM_SANDBOX_ID of every command
+        self._spec = spec
+        self._closed = False
+        self._lock = threading.Lock()
+        self._jobs: list[Job] = []
+
+    def _make_layout(self) -> None:
+        result = self._run_script(LAYOUT_SCRIPT, {}, None, 60)
+        root = result.stdout.strip()
+        if result.exit_code != 0 or not root.startswith("/"):
+            raise SandboxError(f"could not make the sandbox layout: {result.stderr or root!r}")
+        self.root = root
+        self.workdir = f"{root}/work"
+        self.home = f"{root}/home"
+        self._env = {
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            "SHELL": "/bin/bash",
+            "TMPDIR": f"{root}/tmp",
+            **self._spec.env,
+            SANDBOX_MARKER: self.id,
+        }
+        if self._spec.repo is not None:
+            tarball = f"{root}/logs/repo.tar.gz"
+            self._put(tarball, repo_tarball(Path(self._spec.repo)))
+            untar = self._run_script(untar_script(tarball, self.workdir), {}, None, 600)
+            if untar.exit_code != 0:
+                raise SandboxError(f"could not unpack {self._spec.repo} in the sandbox: {untar.stderr}")
+
+    # -- what a subclass provides ----------------------------------------------------------
+
+    def _run_script(
+        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
+    ) -> ExecResult:
+        """Run a bash script to completion; on timeout return `timed_out=True` (the caller
+        kills what is left)."""
+        raise NotImplementedError
+
+    def _put(self, path: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _get(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    def _destroy(self) -> None:
+        raise NotImplementedError
+
+    # -- shared plumbing -------------------------------------------------------------------
+
+    def path(self, path: str) -> str:
+        return posixpath.join(self.workdir, path)
+
+    def _command_env(self, env: Mapping[str, str] | None, job_id: str) -> dict[str, str]:
+        merged = {**self._env, **(env or {})}
+        merged["HOME"] = self.home
+        merged[SANDBOX_MARKER] = self.id
+        merged[JOB_MARKER] = job_id
+        return merged
+
+    def _log_path(self, kind: str) -> str:
+        return f"{self.root}/logs/{uuid.uuid4().hex[:12]}.{kind}"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"{self.backend_name} sandbox {self.id} is closed")
+
+    def kill_job(self, job_id: str) -> None:
+        self._run_script(kill_marked_script(JOB_MARKER, job_id), {}, None, 60)
+
+    def _read_text(self, path: str) -> str:
+        try:
+            return self._get(path).decode("utf-8", errors="replace")
+        except SandboxError:
+            return ""
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        self._check_open()
+        job_id = uuid.uuid4().hex
+        out, err = self._log_path("out"), self._log_path("err")
+        stdin_path = "/dev/null"
+        if stdin is not None:
+            stdin_path = self._log_path("stdin")
+            self._put(stdin_path, stdin)
+        started = time.monotonic()
+        script = exec_script(command, out, err, stdin_path)
+        result = self._run_script(script, self._command_env(env, job_id), self._cwd(cwd), timeout)
+        if result.timed_out:
+            self.kill_job(job_id)
+            result = ExecResult(
+                exit_code=TIMEOUT_EXIT_CODE,
+                stdout=self._read_text(out),
+                stderr=self._read_text(err),
+                timed_out=True,
+            )
+        result.duration_s = time.monotonic() - started
+        return result
+
+    def _cwd(self, cwd: str | None) -> str:
+        return self.path(cwd) if cwd else self.workdir
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._check_open()
+        target = self.path(path)
+        self._put(target, data.encode() if isinstance(data, str) else data)
+        # The SDKs take no mode (or an undocumented one): set it with chmod, always, so the
+        # result does not depend on the server's default or umask.
+        chmod = self._run_script(f"chmod {mode:o} {shlex.quote(target)}", {}, None, 60)
+        if chmod.exit_code != 0:
+            raise SandboxError(f"could not chmod {path} in sandbox {self.id}: {chmod.stderr}")
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        return self._get(self.path(path))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            getattr(job, "forget", lambda: None)()
+        self._destroy()  # the whole VM goes: every process and file with it
+
+
+# -- E2B ---------------------------------------------------------------------------------------
+
+
+class E2BJob(Job):
+    """A background command: an SDK `CommandHandle` waited on by a thread, so that `poll()`
+    and `wait(timeout)` need no polling round-trips."""
+
+    def __init__(self, sandbox: E2BSandbox, handle: Any, job_id: str, out: str, err: str) -> None:
+        self._sandbox = sandbox
+        self._handle = handle
+        self.id = job_id
+        self.stdout_path, self.stderr_path = out, err
+        self._started = time.monotonic()
+        self._code: int | None = None
+        self._killed = False
+        self._timed_out = False
+        self._waiter = threading.Thread(target=self._wait_handle, daemon=True)
+        self._waiter.start()
+
+    def _wait_handle(self) -> None:
+        from e2b import CommandExitException
+
+        try:
+            self._code = self._handle.wait().exit_code
+        except CommandExitException as exc:
+            self._code = exc.exit_code
+        except Exception:  # stream lost (sandbox killed, network): the command is gone for us
+            self._code = -1
+
+    def poll(self) -> int | None:
+        if self._waiter.is_alive():
+            return -9 if self._killed else None
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        self._waiter.join(timeout)
+        if self._waiter.is_alive():
+            self._timed_out = True
+            self.kill()
+        code = TIMEOUT_EXIT_CODE if self._timed_out else self.poll()
+        return ExecResult(
+            exit_code=KILLED_EXIT_CODE if code is None else code,
+            stdout=self._sandbox._read_text(self.stdout_path),
+            stderr=self._sandbox._read_text(self.stderr_path),
+            timed_out=self._timed_out,
+            duration_s=time.monotonic() - self._started,
+        )
+
+    def kill(self) -> None:
+        if self._sandbox._closed:
+            return
+        if self._waiter.is_alive():
+            self._killed = True
+            try:
+                self._handle.kill()
+            except Exception:
+                pass  # already gone
+        self._sandbox.kill_job(self.id)
+        self._waiter.join(5)
+
+    def forget(self) -> None:
+        self._killed = True
+
+
+class E2BSandbox(RemoteShellSandbox):
+    backend_name = "e2b"
+
+    def __init__(self, sdk_sandbox: Any, spec: SandboxSpec) -> None:
+        super().__init__(spec)
+        self.sdk = sdk_sandbox  # the e2b.Sandbox, for what the seam does not cover
+        try:
+            self._make_layout()
+        except BaseException:
+            self._destroy()
+            raise
+
+    def _run_script(
+        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
+    ) -> ExecResult:
+        from e2b import CommandExitException, TimeoutException
+
+        # The SDK runs `bash -l -c`: /etc/profile resets PATH, so a PATH the caller set is
+        # put back inside the script.
+        if "PATH" in env:
+            script = f"export PATH={shlex.quote(env['PATH'])}; {script}"
+        started = time.monotonic()
+        try:
+            result = self.sdk.commands.run(
+                script,
+                envs=dict(env),
+                cwd=cwd,
+                timeout=timeout or 0,  # the SDK's default is 60 s; 0 means no limit
+            )
+            code, stdout, stderr = result.exit_code, result.stdout, result.stderr
+        except CommandExitException as exc:  # the SDK raises on any non-zero exit
+            code, stdout, stderr = exc.exit_code, exc.stdout, exc.stderr
+        except TimeoutException:
+            return ExecResult(TIMEOUT_EXIT_CODE, "", "", timed_out=True)
+        except Exception as exc:
+            raise SandboxError(f"e2b sandbox {self.id}: command failed to run: {exc}") from exc
+        return ExecResult(code, stdout or "", stderr or "", duration_s=time.monotonic() - started)
+
+    def start(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout_path: str | None = None,
+    ) -> E2BJob:
+        """Start in the background. stdout goes to `stdout_path` (default: a file under the
+        sandbox's logs/), stderr to the same path plus `.stderr`, as in the local backend."""
+        self._check_open()
+        job_id = uuid.uuid4().hex
+        out = self.path(stdout_path) if stdout_path else self._log_path("out")
+        err = out + ".stderr"
+        envs = self._command_env(env, job_id)
+        script = job_script(command, out, err)
+        if stdout_path:
+            script = f"mkdir -p {shlex.quote(posixpath.dirname(out))}; {script}"
+        if "PATH" in envs:
+            script = f"export PATH={shlex.quote(envs['PATH'])}; {script}"
+        try:
+            handle = self.sdk.commands.run(
+                script, background=True, envs=envs, cwd=self._cwd(cwd), timeout=0
+            )
+        except Exception as exc:
+            raise SandboxError(f"could not start {command!r} in e2b sandbox {self.id}: {exc}") from exc
+        job = E2BJob(self, handle, job_id, out, err)
+        with self._lock:
+            self._jobs.append(job)
+        return job
+
+    def _put(self, path: str, data: bytes) -> None:
+        try:
+            self.sdk.files.write(path, data)
+        except Exception as exc:
+            raise SandboxError(f"could not write {path} in e2b sandbox {self.id}: {exc}") from exc
+
+    def _get(self, path: str) -> bytes:
+        try:
+            return bytes(self.sdk.files.read(path, format="bytes"))
+        except Exception as exc:
+            raise SandboxError(f"could not read {path} in e2b sandbox {self.id}: {exc}") from exc
+
+    def _destroy(self) -> None:
+        try:
+            self.sdk.kill()
+        except Exception:
+            pass  # already gone (its own timeout) is what we wanted
+
+
+class E2BSandboxBackend(SandboxBackend):
+    """Sandboxes as E2B microVMs.
+
+    >>> backend = E2BSandboxBackend(template="my-harness-template",
+    ...                             proxy_public_url="https://proxy.example.com")  # doctest: +SKIP
+
+    `template` is an E2B template with the harness CLIs installed (`SandboxSpec.image` overrides
+    it per rollout); `timeout_s` is the VM's lifetime, a backstop for a process that dies
+    without closing it. `sandbox_factory` replaces `e2b.Sandbox.create` (tests pass a fake).
+    """
+
+    name = "e2b"
+
+    def __init__(
+        self,
+        *,
+        template: str | None = None,
+        timeout_s: int = 3600,
+        api_key: str | None = None,
+        proxy_public_url: str | None = None,
+        envs: Mapping[str, str] | None = None,
+        sandbox_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        self.template = template
+        self.timeout_s = timeout_s
+        self.api_key = api_key
+        self.proxy_public_url = proxy_public_url
+        self.envs = dict(envs or {})
+        self._factory = sandbox_factory
+
+    def harness_base_url(self, local_url: str) -> str:
+        """The URL the harness in the VM must use for the proxy serving at `local_url`."""
+        return public_base_url(self.proxy_public_url, local_url, self.name)
+
+    def _sdk_factory(self) -> tuple[Callable[..., Any], str | None]:
+        if self._factory is not None:
+            return self._factory, self.api_key
+        api_key = self.api_key or os.environ.get("E2B_API_KEY")
+        if not api_key:
+            # The SDK would say the same (AuthenticationException), but only after building a
+            # client; this names the variable before anything else happens.
+            raise SandboxError(
+                "the e2b sandbox needs an E2B API key: set E2B_API_KEY or pass"
+                " E2BSandboxBackend(api_key=...)"
+            )
+        try:
+            from e2b import Sandbox as SdkSandbox
+        except ImportError as exc:
+            raise SandboxError(
+                "the e2b sandbox needs the e2b SDK: pip install 'harness-gym[e2b]'"
+            ) from exc
+        return SdkSandbox.create, api_key
+
+    def create(self, spec: SandboxSpec) -> E2BSandbox:
+        factory, api_key = self._sdk_factory()
+        kwargs: dict[str, Any] = dict(
+            template=spec.image or self.template, timeout=self.timeout_s, envs=self.envs
+        )
+        if api_key is not None:
+            kwargs["api_key"] = api_key
+        try:
+            sdk_sandbox = factory(**kwargs)
+        except Exception as exc:
+            if type(exc).__name__ == "AuthenticationException":
+                raise SandboxError(
+                    f"e2b refused the API key ({exc}): set E2B_API_KEY to a valid key"
+                ) from exc
+            raise SandboxError(f"could not create an e2b sandbox: {exc}") from exc
+        return E2BSandbox(sdk_sandbox, spec)

@@ -1,0 +1,154 @@
+"""OpenCode, for real: installed from npm into a fresh cache, run headless in a local sandbox
+against a scripted OpenAI Chat Completions server, its requests recorded.
+
+Set HARNESS_GYM_UPDATE_FIXTURES=1 to rewrite tests/fixtures/opencode_requests.json from this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness_gym.harness import Endpoint, load_harness
+from harness_gym.harnesses.opencode import OpenCodeHarness
+from harness_gym.sandbox import SandboxSpec
+from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
+from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
+
+FIXTURE = Path(__file__).parent / "fixtures" / "opencode_requests.json"
+PROBE = "echo hello > probe.txt"
+# Double spaces, a newline, a would-be flag, a quote: OpenCode must get it back byte for byte.
+PROMPT = 'Write hello  into probe.txt.\n-x "quoted" 2'
+
+pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="OpenCode installs with npm")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("harness-cache")
+    OpenCodeHarness().install(cache)
+    return cache
+
+
+@pytest.fixture
+def box() -> Iterator[LocalSandbox]:
+    with LocalSandboxBackend().create(SandboxSpec()) as sandbox:
+        yield sandbox
+
+
+def test_opencode_is_found_by_its_entry_point_name() -> None:
+    harness = load_harness("opencode")
+    assert isinstance(harness, OpenCodeHarness)
+    assert (harness.dialect, harness.shell_tool) == ("openai-chat", "bash")
+
+
+@pytest.mark.slow
+def test_opencode_runs_an_episode_against_a_scripted_openai_server(
+    cache: Path, box: LocalSandbox
+) -> None:
+    harness = OpenCodeHarness()
+    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
+        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
+        result = harness.launch(box, endpoint, PROMPT, cache_dir=cache).wait(timeout=120)
+
+    assert result.exit_code == 0, result.stderr
+    assert box.read_file("probe.txt") == b"hello\n"
+    output = harness.parse_output(result.stdout)
+    assert (output.final_message, output.n_tool_calls, output.error) == ("done", 1, None)
+
+    # No probes, no model list: only our /v1 route, and the prompt arrives unquoted.
+    assert [(r.method, r.path) for r in server.requests] == [("POST", "/v1/chat/completions")] * 2
+    first, second = server.requests
+    assert first.headers["Authorization"] == "Bearer session-key-1"
+    assert first.body["stream"] is True and first.body["model"] == "policy"
+    assert first.body["messages"][1] == {"role": "user", "content": PROMPT}
+
+    # The second request replays the first, then the tool call (content "") and its result.
+    assert second.body["messages"][:2] == first.body["messages"]
+    call_turn, tool_turn = second.body["messages"][2:]
+    assert call_turn["role"] == "assistant" and call_turn["content"] == ""
+    (call,) = call_turn["tool_calls"]
+    assert call["function"] == {"name": "bash", "arguments": json.dumps({"command": PROBE},
+                                                                        separators=(",", ":"))}
+    assert tool_turn == {"role": "tool", "tool_call_id": call["id"], "content": "(no output)"}
+
+    # It installed nothing: no npm cache in its HOME.
+    assert not (Path(box.home) / ".npm").exists()
+
+    recorded = [_portable(r, box, cache) for r in server.requests]
+    if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
+        FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
+    assert _shape(recorded) == _shape(json.loads(FIXTURE.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_opencode_connects_to_nothing_but_the_base_url(cache: Path, box: LocalSandbox) -> None:
+    harness = OpenCodeHarness()
+    log = box.root / "connect.log"
+    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
+        plan = harness.prepare(box, Endpoint(server.base_url, "key"), "hi", cache_dir=cache)
+        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
+        assert box.start(argv, env=plan.env).wait(timeout=120).exit_code == 0
+    inet = [line for line in log.read_text().splitlines() if "AF_INET" in line]
+    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
+    assert targets == {(str(server.port), "127.0.0.1")}
+
+
+def test_a_failed_model_call_is_reported_as_an_error(cache: Path, box: LocalSandbox) -> None:
+    harness = OpenCodeHarness()
+    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
+        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
+        result = harness.launch(box, endpoint, "hi", cache_dir=cache).wait(timeout=120)
+    output = harness.parse_output(result.stdout)
+    assert output.error, result.stdout
+    assert output.final_message is None
+
+
+def test_the_prompt_goes_after_a_double_dash_split_on_single_spaces() -> None:
+    args = OpenCodeHarness().args(Endpoint("http://127.0.0.1:9", "key"), "a  b\n-c")
+    assert args[args.index("--") + 1:] == ["a", "", "b\n-c"]
+
+
+def test_the_config_points_opencode_at_the_endpoint() -> None:
+    endpoint = Endpoint("http://127.0.0.1:8123/", "sess", model="m", context_length=1000)
+    files = OpenCodeHarness().config_files(endpoint)
+    config = json.loads(files[".config/opencode/opencode.json"])
+    provider = config["provider"]["harness-gym"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:8123/v1", "apiKey": "sess"}
+    assert provider["models"]["m"]["limit"]["context"] == 1000
+    assert (config["model"], config["permission"]) == ("harness-gym/m", "allow")
+    package = json.loads(files[".config/opencode/package.json"])
+    assert package["dependencies"]["@opencode-ai/plugin"] == OpenCodeHarness.package.version
+
+
+def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
+    text = json.dumps({"method": request.method, "path": request.path,
+                       "headers": request.headers, "body": request.body})
+    text = text.replace(box.workdir, "<workdir>").replace(str(cache), "<harness-cache>")
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
+    text = re.sub(r"ses_[0-9A-Za-z]+", "<session>", text)
+    text = re.sub(r"Today's date: [^\\]+", "Today's date: <date>", text)
+    return json.loads(text)
+
+
+def _shape(requests: list[dict[str, Any]]) -> list[Any]:
+    return [
+        {
+            "path": r["path"],
+            "headers": sorted(k.lower() for k in r["headers"]),
+            "fields": sorted(r["body"]),
+            "messages": [(m["role"], sorted(m), type(m.get("content")).__name__)
+                         for m in r["body"]["messages"]],
+            "tools": [t["function"]["name"] for t in r["body"]["tools"]],
+        }
+        for r in requests
+    ]
