@@ -3,13 +3,27 @@
 The candidate is whatever the agent left in `sandbox.workdir`. `grade`:
 
 1. captures the agent's patch: everything changed since `base_commit`, untracked files included
-   (`git add -A; git diff --cached --binary base_commit`), even if the agent committed;
+   (`git add -A; git diff --cached --binary base_commit`), even if the agent committed. An agent
+   that deleted or replaced `.git` broke its own repo, not our infrastructure: for a directory
+   task the base commit is rebuilt from the task's `repo/` (same hash, see `materialize`) and the
+   agent's files are graded against it, with a note; a dataset row's base cannot be rebuilt
+   outside its image, so that rollout is `failed` with an error saying why;
 2. resets every file the task's `test_patch` touches to `base_commit` (and deletes the ones the
    test patch creates), so an agent that edited or wrote the judging tests gains nothing;
 3. applies `test_patch`, runs `install_config.test_cmd` under a timeout, parses the log;
 4. passes only if every FAIL_TO_PASS test is PASSED or XFAIL and every PASS_TO_PASS test is
    PASSED, XFAIL or SKIPPED. A test missing from the log is a failure, so an empty parse (a
-   crash, a collection error, a parser mismatch) never passes.
+   crash, a collection error, a parser mismatch) never passes. With `exact_test_set` (task
+   `install_config` key, or `grade(..., exact_test_set=True)`) no other test in the log may fail
+   either: our reading of SWE-rebench V2's stricter mode, where the run must show exactly the
+   F2P and P2P tests passing; tests the agent added may pass but may not fail.
+
+The log is output the agent's code can write to. Two defences against printed fake results:
+a pytest log's PASSED lines must not outnumber what pytest's own closing summary line counts
+(and with no summary at all, pytest did not finish, so no line is trusted); and a task may set
+`install_config.junit_xml = "auto"` (with `log_parser: "junit"`), which makes pytest write a
+JUnit report (through `PYTEST_ADDOPTS`) to a random path outside the work tree, named only when
+the tests start, and grades from that report alone, never from stdout.
 
 Timeouts and broken infrastructure (git unusable, test patch not applying, sandbox down) are
 reported as `timeout` and `infra_error`, never as a plain `failed`.
@@ -17,8 +31,12 @@ reported as `timeout` and `infra_error`, never as a plain `failed`.
 
 from __future__ import annotations
 
+import fnmatch
+import io
 import posixpath
+import secrets
 import shlex
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -26,7 +44,8 @@ from typing import Any, Literal
 from harness_gym.sandbox.base import ExecResult, Sandbox, SandboxError
 
 from .diffs import paths_touched_by
-from .log_parsers import TestStatus, get_log_parser
+from .loader import BASE_COMMIT_IDENTITY, BUILD_LITTER, GIT_EXCLUDES, GIT_ISOLATION
+from .log_parsers import PYTEST_LOG_PARSERS, TestStatus, get_log_parser, pytest_session_totals
 from .task import Task
 
 __all__ = [
@@ -34,6 +53,7 @@ __all__ = [
     "GroupCounts",
     "Outcome",
     "PatchApplyError",
+    "RepositoryLostError",
     "SandboxGitError",
     "apply_patch",
     "capture_patch",
@@ -73,6 +93,10 @@ class PatchApplyError(RuntimeError):
     """A diff did not apply; the message holds git's (and patch's) own explanation."""
 
 
+class RepositoryLostError(RuntimeError):
+    """The agent deleted or replaced the sandbox's git repository and it cannot be rebuilt."""
+
+
 @dataclass(frozen=True)
 class GroupCounts:
     """How one test group (FAIL_TO_PASS or PASS_TO_PASS) fared."""
@@ -93,7 +117,8 @@ class GradeResult:
     f2p: GroupCounts = field(default_factory=GroupCounts)
     p2p: GroupCounts = field(default_factory=GroupCounts)
     failing: list[str] = field(default_factory=list)  # F2P/P2P tests that kept it from passing
-    error: str | None = None  # why, for timeout and infra_error
+    error: str | None = None  # why, for timeout and infra_error (and a failed untrusted log)
+    notes: list[str] = field(default_factory=list)  # what the grader had to repair first
 
     @property
     def resolved(self) -> bool:
@@ -106,15 +131,25 @@ class GradeResult:
         return info
 
 
-def grade(task: Task, sandbox: Sandbox, *, timeout_s: float = 600.0) -> GradeResult:
+def grade(
+    task: Task,
+    sandbox: Sandbox,
+    *,
+    timeout_s: float = 600.0,
+    exact_test_set: bool | None = None,
+) -> GradeResult:
     """Grade the agent's working tree in `sandbox` against `task`'s tests.
 
     Grading rewrites the tree (test files reset, test patch applied, the index staged): grade a
     sandbox once, after the agent is done. `timeout_s` bounds the test command only.
+    `exact_test_set` overrides the task's `install_config.exact_test_set` (see the module doc).
     """
     started = time.monotonic()
     base = task.base_commit or "HEAD"
     patch = ""
+    notes: list[str] = []
+    if exact_test_set is None:
+        exact_test_set = bool(task.install_config.get("exact_test_set", False))
 
     def finish(
         outcome: Outcome,
@@ -136,14 +171,19 @@ def grade(task: Task, sandbox: Sandbox, *, timeout_s: float = 600.0) -> GradeRes
             p2p=p2p,
             failing=failing or [],
             error=error,
+            notes=notes,
         )
 
     try:
+        if note := _ensure_base_commit(task, sandbox, base):
+            notes.append(note)
         patch = capture_patch(sandbox, base)
         _reset_test_files(sandbox, base, paths_touched_by(task.test_patch))
         apply_patch(sandbox, task.test_patch, allow_fuzz=False)
     except PatchApplyError as error:
         return finish("infra_error", error=f"test_patch did not apply: {error}")
+    except RepositoryLostError as error:
+        return finish("failed", error=str(error))
     except (SandboxGitError, SandboxError) as error:
         return finish("infra_error", error=str(error))
 
@@ -152,7 +192,7 @@ def grade(task: Task, sandbox: Sandbox, *, timeout_s: float = 600.0) -> GradeRes
     except SandboxError as error:
         return finish("infra_error", error=f"the test command could not run: {error}")
     try:
-        tests = get_log_parser(task.log_parser)(run.log)
+        tests = get_log_parser(task.log_parser)(run.parser_input)
     except Exception as error:  # a plugin parser's bug is not the agent's failure
         return finish("infra_error", error=f"log parser {task.log_parser!r} crashed: {error!r}")
     output_tail = run.log[-OUTPUT_TAIL_CHARS:]
@@ -163,14 +203,24 @@ def grade(task: Task, sandbox: Sandbox, *, timeout_s: float = 600.0) -> GradeRes
             tests=tests,
             test_output=output_tail,
         )
-    outcome, f2p, p2p, failing = judge_tests(task, tests)
-    return finish(outcome, tests=tests, test_output=output_tail, f2p=f2p, p2p=p2p, failing=failing)
+    outcome, f2p, p2p, failing = judge_tests(task, tests, exact_test_set=exact_test_set)
+    untrusted = _untrusted_log(task, run, tests)
+    return finish(
+        "failed" if untrusted else outcome,
+        error=untrusted,
+        tests=tests,
+        test_output=output_tail,
+        f2p=f2p,
+        p2p=p2p,
+        failing=failing,
+    )
 
 
 def judge_tests(
-    task: Task, tests: dict[str, TestStatus]
+    task: Task, tests: dict[str, TestStatus], *, exact_test_set: bool = False
 ) -> tuple[Outcome, GroupCounts, GroupCounts, list[str]]:
-    """SWE-bench's verdict on parsed statuses: (outcome, f2p, p2p, failing tests)."""
+    """SWE-bench's verdict on parsed statuses: (outcome, f2p, p2p, failing tests). With
+    `exact_test_set`, any other reported test that FAILED or ERRORed is failing too."""
     failing: list[str] = []
 
     def count(group: list[str], ok: frozenset[TestStatus]) -> GroupCounts:
@@ -181,7 +231,41 @@ def judge_tests(
 
     f2p = count(task.FAIL_TO_PASS, F2P_OK)
     p2p = count(task.PASS_TO_PASS, P2P_OK)
+    if exact_test_set:
+        judged = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+        failing.extend(
+            test
+            for test, status in tests.items()
+            if test not in judged and status in (TestStatus.FAILED, TestStatus.ERROR)
+        )
     return ("failed" if failing or not tests else "passed"), f2p, p2p, failing
+
+
+def _untrusted_log(task: Task, run: _TestRun, tests: dict[str, TestStatus]) -> str | None:
+    """Why a pytest log's report lines cannot be believed, or None.
+
+    Code under test (a conftest, a patched module) can print `PASSED tests/t.py::test_x` and
+    then crash or `os._exit`; pytest's closing `N passed in Xs` line is printed only by a
+    session that finished, and counts what really ran.
+    """
+    if task.log_parser not in PYTEST_LOG_PARSERS or task.install_config.get("junit_xml"):
+        return None
+    claimed = sum(status == TestStatus.PASSED for status in tests.values())
+    if not claimed:
+        return None
+    totals = pytest_session_totals(run.log)
+    if totals is None:
+        return (
+            f"untrusted test log: {claimed} test(s) reported PASSED but pytest printed no session "
+            f"summary (exit {run.result.exit_code}): pytest did not finish, so those lines may "
+            "have been printed by the code under test"
+        )
+    if claimed > totals.get("passed", 0):
+        return (
+            f"untrusted test log: {claimed} test(s) reported PASSED but pytest's summary counts "
+            f"{totals.get('passed', 0)} passed: some PASSED lines were printed by the code under test"
+        )
+    return None
 
 
 # --- git in the sandbox -------------------------------------------------------------------------
@@ -208,6 +292,80 @@ def _git(sandbox: Sandbox, *args: str) -> ExecResult:
     if not _succeeded(result):
         raise SandboxGitError(f"git {args[0]} failed in {sandbox.workdir} {_explain(result)}")
     return result
+
+
+def _ensure_base_commit(task: Task, sandbox: Sandbox, base: str) -> str | None:
+    """Make sure the work dir is a git repo holding `base`; rebuild it from the task's source
+    tree if the agent deleted or replaced `.git`. Returns a note when it rebuilt."""
+    probe = sandbox.exec(
+        ["git", "cat-file", "-e", f"{base}^{{commit}}"],
+        cwd=sandbox.workdir,
+        env=_git_env(sandbox),
+        timeout=GIT_TIMEOUT_S,
+    )
+    if _succeeded(probe):
+        return None
+    if probe.exit_code == 127 or probe.timed_out:  # no git in the sandbox, or it hung
+        raise SandboxGitError(f"git cannot run in the sandbox {_explain(probe)}")
+    lost = f"the work dir has no git repository holding base commit {base} (was .git deleted?)"
+    if task.repo_dir is None or not task.base_commit:
+        raise RepositoryLostError(
+            f"{lost}; task {task.instance_id!r} is a dataset row whose base commit exists only in "
+            "its image, so the agent's changes cannot be told apart from the original code"
+        )
+    _rebuild_base_commit(task, sandbox)
+    return f"{lost}: rebuilt it from the task's repo/ and graded the agent's files against it"
+
+
+def _source_tarball(task: Task) -> bytes:
+    """The task's `repo/` as a tar, without the build litter `materialize` also leaves out."""
+    assert task.repo_dir is not None
+    buffer = io.BytesIO()
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        name = posixpath.basename(info.name)
+        return None if any(fnmatch.fnmatch(name, p) for p in BUILD_LITTER) else info
+
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for child in sorted(task.repo_dir.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buffer.getvalue()
+
+
+def _rebuild_base_commit(task: Task, sandbox: Sandbox) -> None:
+    """Commit the task's source tree into a fresh `.git` (a side work tree, so the agent's files
+    stay as they are), then point the index at it. The identity and dates are `materialize`'s,
+    so the commit gets the task's `base_commit` hash; anything else is refused."""
+    scratch = sandbox.exec(["mktemp", "-d"], timeout=GIT_TIMEOUT_S)
+    if not _succeeded(scratch):
+        raise SandboxGitError(f"could not make a scratch dir in the sandbox {_explain(scratch)}")
+    tmp = scratch.stdout.strip()
+    sandbox.write_file(f"{tmp}/base.tar", _source_tarball(task))
+    git = "git -c core.autocrlf=false -c commit.gpgsign=false"
+    script = "\n".join(
+        [
+            "set -e",
+            f"mkdir {shlex.quote(tmp)}/tree",
+            f"tar -xf {shlex.quote(tmp)}/base.tar -C {shlex.quote(tmp)}/tree",
+            "rm -rf .git",
+            f"{git} init -q --initial-branch=main",
+            f"{git} --work-tree={shlex.quote(tmp)}/tree add --all --force",
+            f"{git} commit -q --no-verify --allow-empty -m {BASE_COMMIT_IDENTITY.message}",
+            f"printf %s {shlex.quote(GIT_EXCLUDES)} > .git/info/exclude",
+            f"{git} reset -q",
+            f"rm -rf {shlex.quote(tmp)}",
+            "git rev-parse HEAD",
+        ]
+    )
+    env = {**_git_env(sandbox), **GIT_ISOLATION, **BASE_COMMIT_IDENTITY.git_env()}
+    result = sandbox.exec(script, cwd=sandbox.workdir, env=env, timeout=GIT_TIMEOUT_S)
+    if not _succeeded(result):
+        raise SandboxGitError(f"could not rebuild the base commit {_explain(result)}")
+    if (rebuilt := result.stdout.strip().splitlines()[-1]) != task.base_commit:
+        raise SandboxGitError(
+            f"rebuilt the base commit as {rebuilt}, not {task.base_commit}: the sandbox's git "
+            "commits the task's files differently"
+        )
 
 
 def capture_patch(sandbox: Sandbox, base_commit: str = "HEAD") -> str:
@@ -256,25 +414,37 @@ def apply_patch(
     """Apply a git diff to the sandbox's working tree (e.g. a gold patch, to validate a task).
 
     `git apply` first; with `allow_fuzz`, then `patch --fuzz=5` as SWE-bench's harness does for
-    patches whose context drifted. Raises `PatchApplyError` with both tools' messages.
+    patches whose context drifted (dry-run first: `patch` would otherwise leave the hunks that
+    fit applied and the rest in `.rej` files). Raises `PatchApplyError` with both tools'
+    messages; a malformed or truncated diff is one of those, never another exception.
     """
+    if not isinstance(diff, str):
+        raise PatchApplyError(f"a diff must be text, got {type(diff).__name__}")
     if not diff.strip():
         return
     data = diff.encode("utf-8", errors="surrogateescape")
     if not data.endswith(b"\n"):
         data += b"\n"  # a diff cut at its last line reads as "corrupt patch"
-    attempts = [["git", "apply", "--verbose", "--whitespace=nowarn", "-"]]
+    fuzzy = ["patch", "--batch", "--forward", "--fuzz=5", "-p1"]
+    attempts = [[["git", "apply", "--verbose", "--whitespace=nowarn", "-"]]]
     if allow_fuzz:
-        attempts.append(["patch", "--batch", "--forward", "--fuzz=5", "-p1"])
+        attempts.append([[*fuzzy, "--dry-run"], fuzzy])
     messages = []
-    for command in attempts:
-        result = sandbox.exec(
-            command, cwd=sandbox.workdir, env=_git_env(sandbox), timeout=timeout_s, stdin=data
-        )
-        if _succeeded(result):
+    for steps in attempts:
+        for command in steps:
+            result = sandbox.exec(
+                command, cwd=sandbox.workdir, env=_git_env(sandbox), timeout=timeout_s, stdin=data
+            )
+            if not _succeeded(result):
+                messages.append(f"{' '.join(command[:2])} {_explain(result)}")
+                break
+        else:
             return
-        messages.append(f"{command[0]} {_explain(result)}")
-    raise PatchApplyError("\n".join(messages))
+    first_line = diff.lstrip().splitlines()[0][:80]
+    shape = "" if "\n@@ " in diff or "GIT binary patch" in diff else (
+        f"; it has no hunks, so it is not a unified diff (it starts {first_line!r})"
+    )
+    raise PatchApplyError("\n".join(messages) + shape)
 
 
 # --- the test run -------------------------------------------------------------------------------
@@ -283,20 +453,35 @@ def apply_patch(
 @dataclass
 class _TestRun:
     result: ExecResult
-    log: str  # stdout, stderr, then the JUnit report when the task names one
+    log: str  # stdout, then stderr
+    junit: bool = False  # the task names a JUnit report: statuses come from it alone
+    report: str | None = None  # that report (None: none was written)
+
+    @property
+    def parser_input(self) -> str:
+        """The report when the task has one: stdout is the agent's code talking."""
+        return (self.report or "") if self.junit else self.log
 
 
 def _run_tests(task: Task, sandbox: Sandbox, timeout_s: float) -> _TestRun:
     junit_xml = task.install_config.get("junit_xml")
-    command = task.test_cmd
+    command, env = task.test_cmd, dict(_TEST_ENV)
+    if junit_xml == "auto":
+        # Named now, outside the work tree: nothing the agent left behind can be at this path.
+        junit_xml = f"/tmp/harness-gym-junit-{secrets.token_hex(16)}.xml"
+        env["PYTEST_ADDOPTS"] = f"--junitxml={junit_xml} -o junit_family=xunit1"
     if junit_xml:
         # A report left behind (or planted by the agent) must not be read as this run's result.
         command = f"rm -f -- {shlex.quote(junit_xml)}\n{command}"
-    result = sandbox.exec(command, cwd=sandbox.workdir, env=_TEST_ENV, timeout=timeout_s)
-    log = result.stdout + ("\n" + result.stderr if result.stderr else "")
-    if junit_xml and not result.timed_out:
+    result = sandbox.exec(command, cwd=sandbox.workdir, env=env, timeout=timeout_s)
+    run = _TestRun(result, result.stdout + ("\n" + result.stderr if result.stderr else ""))
+    if junit_xml:
+        run.junit = True
         # Read through exec, like everything else, so every backend behaves the same.
-        report = sandbox.exec(["cat", "--", junit_xml], cwd=sandbox.workdir, timeout=GIT_TIMEOUT_S)
-        if report.exit_code == 0:  # no report: the tests stay missing, which fails the grade
-            log += "\n" + report.stdout
-    return _TestRun(result, log)
+        quoted = shlex.quote(junit_xml)
+        report = sandbox.exec(
+            f"cat -- {quoted} && rm -f -- {quoted}", cwd=sandbox.workdir, timeout=GIT_TIMEOUT_S
+        )
+        if report.exit_code == 0 and not result.timed_out:
+            run.report = report.stdout  # no report: the tests stay missing, failing the grade
+    return run

@@ -34,8 +34,8 @@ TaskSpec = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
 
 # Build litter that must never reach a task's commit (it would change the hash) nor an agent's
 # captured patch (the grader stages everything that is not ignored).
-_BUILD_LITTER = ("__pycache__", "*.pyc", ".pytest_cache", ".git")
-_GIT_EXCLUDES = "".join(f"{pattern}\n" for pattern in _BUILD_LITTER if pattern != ".git")
+BUILD_LITTER = ("__pycache__", "*.pyc", ".pytest_cache", ".git")
+GIT_EXCLUDES = "".join(f"{pattern}\n" for pattern in BUILD_LITTER if pattern != ".git")
 
 # Fixed identity, time and message: the commit hash is then a pure function of the tree.
 BASE_COMMIT_IDENTITY = CommitIdentity(
@@ -45,7 +45,7 @@ BASE_COMMIT_IDENTITY = CommitIdentity(
     message="base",
 )
 # The user's own git config (signing, hooks, templates, autocrlf) must not leak into the commit.
-_GIT_ISOLATION = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+GIT_ISOLATION = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 
 
 def load_tasks(spec: TaskSpec, *, install_config: Mapping[str, Any] | None = None) -> list[Task]:
@@ -213,7 +213,7 @@ def _with_base_commit(task: Task) -> Task:
         return task
     if not task.repo_dir.is_dir():
         raise TaskError(f"task {task.instance_id!r}: repo_dir {task.repo_dir} is not a directory")
-    commit = commit_hash(task.repo_dir, BASE_COMMIT_IDENTITY, _BUILD_LITTER)
+    commit = commit_hash(task.repo_dir, BASE_COMMIT_IDENTITY, BUILD_LITTER)
     if task.base_commit and task.base_commit != commit:
         raise TaskError(
             f"task {task.instance_id!r}: base_commit {task.base_commit} does not match its "
@@ -233,7 +233,7 @@ def _commit_tree(source: Path, dest: Path) -> str:
         dest,
         symlinks=True,
         dirs_exist_ok=True,
-        ignore=shutil.ignore_patterns(*_BUILD_LITTER),
+        ignore=shutil.ignore_patterns(*BUILD_LITTER),
     )
     _git(dest, "init", "--quiet", "--initial-branch=main")
     _git(dest, "add", "--all", "--force")
@@ -247,7 +247,7 @@ def _commit_tree(source: Path, dest: Path) -> str:
         BASE_COMMIT_IDENTITY.message,
     )
     (dest / ".git" / "info").mkdir(exist_ok=True)
-    (dest / ".git" / "info" / "exclude").write_text(_GIT_EXCLUDES)
+    (dest / ".git" / "info" / "exclude").write_text(GIT_EXCLUDES)
     return _git(dest, "rev-parse", "HEAD").strip()
 
 
@@ -256,7 +256,7 @@ def _git(repo: Path, *args: str) -> str:
         completed = subprocess.run(
             ["git", "-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", *args],
             cwd=repo,
-            env={**os.environ, **_GIT_ISOLATION, **BASE_COMMIT_IDENTITY.git_env()},
+            env={**os.environ, **GIT_ISOLATION, **BASE_COMMIT_IDENTITY.git_env()},
             capture_output=True,
             text=True,
             check=True,

@@ -7,6 +7,7 @@ import pytest
 from sandbox_conformance import SandboxConformance
 
 from harness_gym.sandbox.bwrap import bwrap_available
+from harness_gym.sandbox.docker import docker_unavailable
 
 
 class TestLocal(SandboxConformance):
@@ -21,3 +22,12 @@ class TestLocal(SandboxConformance):
 class TestBwrap(SandboxConformance):
     backend_name = "bwrap"
     signal_exit_codes = (137,)  # bwrap reports a signal death in the shell's 128+n encoding
+
+
+_NO_DOCKER = docker_unavailable()
+
+
+@pytest.mark.skipif(_NO_DOCKER is not None, reason=str(_NO_DOCKER))
+class TestDocker(SandboxConformance):
+    backend_name = "docker"
+    signal_exit_codes = (137,)  # the wrapper's shell reports a signal death as 128+n

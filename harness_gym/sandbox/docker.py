@@ -1,0 +1,641 @@
+"""The `docker` sandbox: one container per rollout, with no network but a path to the proxy.
+
+Each sandbox is a container of `SandboxSpec.image` (default `harness-gym/base:1`, built locally
+by `scripts/docker-image`: no registry is reachable where this runs) with CPU, memory and pid
+limits, `network_mode="none"`, and the task repo copied in. Inside, one sandbox's files live
+under a path of its own, as with `local` and `bwrap`::
+
+    /sandbox/<id>/work   copy of the task repo            (Sandbox.workdir)
+    /sandbox/<id>/home   an empty HOME                    (Sandbox.home)
+    /sandbox/<id>/tmp    TMPDIR
+    /sandbox/<id>/logs   stdout/stderr of commands
+    /sandbox/<id>/run    bind mount of a host dir holding the proxy's unix socket
+
+The harness cache (`~/.cache/harness-gym`) is bind-mounted read-only at its host path, so a
+harness installed on the host runs unchanged inside (its runtime, e.g. node, must be in the
+image or among `extra_mounts`).
+
+Networking: the container has a loopback and nothing else, so it cannot reach the host, other
+containers or the internet. The harness reaches the interception proxy through a unix socket:
+`Sandbox.proxy_url(host_url)` starts a relay on the host (unix socket in the bound run dir ->
+the proxy's TCP address) and a forwarder in the container (127.0.0.1:<same port> -> that
+socket), and returns the URL the harness must use inside: the same URL with the host replaced
+by 127.0.0.1. The alternative, an `internal` docker network with the proxy bound to the
+bridge's gateway address, would make the proxy listen on an interface every container on the
+host can reach, and needs the daemon's bridge and iptables, which some hosts lack.
+
+Commands run through `docker exec` under a small sh wrapper that sends the command's output to
+files (a background child that keeps stdout open would otherwise hold the exec stream open, as
+with pipes in `local`) and marks it with HARNESS_GYM_JOB_ID. A timeout or `Job.kill` kills
+every process in the container carrying that mark, so setsid escapees die too; `close()`
+removes the container, which kills everything left. A signal death reads 128+n (137 for -9), as
+the shell reports it.
+
+Containers are labelled `harness-gym.sandbox=1` with their owner's pid, process start time,
+boot id and host name; a new backend removes labelled containers whose owner is gone (a
+trainer killed with SIGKILL never runs `close()`).
+
+>>> from harness_gym.sandbox import SandboxSpec, load_sandbox
+>>> with load_sandbox("docker").create(SandboxSpec()) as box:  # doctest: +SKIP
+...     box.exec("ip route 2>/dev/null || cat /proc/net/route").stdout.count("\\n")
+1
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import select
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from . import _processes as procs
+from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .local import TIMEOUT_EXIT_CODE, _argv, _rmtree
+
+DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
+LABEL = "harness-gym.sandbox"
+_CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Runs one command: marks it, sends its output to files, and (emit=1, for `exec`) writes the
+# files to the exec stream once it has exited. The mark is set on the command only, so killing
+# the marked processes leaves the wrapper alive to report what the command printed.
+_WRAPPER = r"""
+id=$1 out=$2 err=$3 in=$4 emit=$5; shift 5
+HARNESS_GYM_JOB_ID=$id "$@" >"$out" 2>"$err" <"$in"
+rc=$?
+if [ "$emit" = 1 ]; then cat "$out"; cat "$err" >&2; rm -f "$out" "$err" "$in"; fi
+exit $rc
+"""
+
+# SIGKILLs every process whose environment holds $1=$2, until a scan finds none (a process
+# may fork while the scan runs).
+_KILL_MARKED = r"""
+for round in 1 2 3 4 5; do
+  found=
+  for e in /proc/[0-9]*/environ; do
+    if grep -qzx "$1=$2" "$e" 2>/dev/null; then
+      p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null && found=1
+    fi
+  done
+  [ -z "$found" ] && break
+done
+true
+"""
+
+# A byte relay, run both on the host (unix socket -> the proxy's TCP port) and in the container
+# (127.0.0.1:port -> the unix socket). Addresses: unix:/path or tcp:host:port. With --fork it
+# returns once listening and serves from a child (the in-container exec returns when ready);
+# without, it prints "ready" (the host relay, a subprocess killed at close).
+_RELAY = r"""
+import os, socket, sys, threading
+def addr(a):
+    kind, _, rest = a.partition(":")
+    if kind == "unix":
+        return socket.AF_UNIX, rest
+    host, _, port = rest.rpartition(":")
+    return socket.AF_INET, (host, int(port))
+(lfam, laddr), (cfam, caddr) = addr(sys.argv[1]), addr(sys.argv[2])
+srv = socket.socket(lfam)
+if lfam == socket.AF_INET:
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(laddr)
+srv.listen(256)
+if "--fork" in sys.argv:
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+else:
+    print("ready", flush=True)
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def serve(c):
+    u = socket.socket(cfam)
+    try:
+        u.connect(caddr)
+    except OSError:
+        c.close()
+        return
+    t = threading.Thread(target=pump, args=(u, c), daemon=True)
+    t.start()
+    pump(c, u)
+    t.join()
+    c.close()
+    u.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def _docker() -> Any:
+    try:
+        import docker
+    except ImportError as exc:
+        raise SandboxError(
+            "the docker sandbox needs the docker SDK: pip install 'harness-gym[docker]'"
+        ) from exc
+    return docker
+
+
+def docker_unavailable(image: str = DEFAULT_IMAGE) -> str | None:
+    """Why sandboxes of `image` cannot be made here, or None when they can."""
+    try:
+        client = _docker().from_env(timeout=10)
+    except SandboxError as exc:
+        return str(exc)
+    except Exception as exc:
+        return f"no docker daemon answers ({exc}): start one with scripts/docker-image"
+    try:
+        client.ping()
+        client.images.get(image)
+    except _docker().errors.ImageNotFound:
+        return f"docker image {image} is missing: build it with scripts/docker-image"
+    except Exception as exc:
+        return f"no docker daemon answers ({exc}): start one with scripts/docker-image"
+    finally:
+        client.close()
+    return None
+
+
+# -- owners of containers -------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot: with the boot id, a pid that was
+    reused by another process reads as a different owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def owner_labels(pid: int | None = None) -> dict[str, str]:
+    """The labels that tie a container to the process that created it."""
+    pid = os.getpid() if pid is None else pid
+    return {
+        LABEL: "1",
+        f"{LABEL}.owner-pid": str(pid),
+        f"{LABEL}.owner-start": _start_time(pid) or "",
+        f"{LABEL}.owner-boot-id": _boot_id(),
+        f"{LABEL}.owner-host": socket.gethostname(),
+    }
+
+
+def owner_is_gone(labels: Mapping[str, str]) -> bool:
+    """Whether the owner of a labelled container has exited. Containers made from another
+    host (a shared daemon) are never judged gone: their owner's pids are not ours to read."""
+    if labels.get(f"{LABEL}.owner-host") != socket.gethostname():
+        return False
+    if labels.get(f"{LABEL}.owner-boot-id") != _boot_id():
+        return True  # this host rebooted since
+    try:
+        pid = int(labels.get(f"{LABEL}.owner-pid", ""))
+    except ValueError:
+        return True
+    start = _start_time(pid)
+    return start is None or start != labels.get(f"{LABEL}.owner-start")
+
+
+# -- files in and out ------------------------------------------------------------------------
+
+
+def _tar(entries: Sequence[tuple[str, bytes | None, int]]) -> bytes:
+    """A tar of (name, data, mode) entries; data None makes a directory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data, mode in entries:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            info.mtime = int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _tar_tree(root: Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(root, arcname=arcname)  # symlinks stay links
+    return buf.getvalue()
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+class DockerJob(Job):
+    """A command run by `docker exec` under the wrapper; its exec stream ends when it exits."""
+
+    def __init__(self, box: DockerSandbox, exec_id: str, sock: Any, job_id: str,
+                 stdout_path: str, stderr_path: str, started: float) -> None:  # fmt: skip
+        self._box = box
+        self.exec_id = exec_id
+        self._sock = sock
+        self.id = job_id
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self._started = started
+        self._code: int | None = None
+        self._timed_out = False
+        self._lock = threading.Lock()
+
+    def _ended(self, timeout: float | None) -> bool:
+        """Wait up to `timeout` for the exec stream to have data or end."""
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN | select.POLLHUP)
+        return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
+
+    def _read_stream(self) -> tuple[bytes, bytes]:
+        from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
+
+        frames = (demux_adaptor(*frame) for frame in frames_iter(self._sock, tty=False))
+        out, err = consume_socket_output(frames, demux=True)
+        return out or b"", err or b""
+
+    def _exit_code(self) -> int:
+        """The wrapper's exit code; the daemon may report it a moment after the stream ends."""
+        for _ in range(500):
+            info = self._box._api.exec_inspect(self.exec_id)
+            if not info["Running"] and info["ExitCode"] is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.01)
+        raise SandboxError(f"docker exec {self.exec_id} did not report an exit code")
+
+    def _finish(self, timeout: float | None) -> tuple[bytes, bytes]:
+        """Wait for the command, killing it at the deadline; what the stream carried."""
+        if self._sock.closed:  # waited for before
+            return b"", b""
+        if not self._ended(timeout):
+            self._timed_out = True
+            self._box._kill_marked(procs.JOB_MARKER, self.id)
+            self._ended(10)
+        out_err = self._read_stream()
+        self._sock.close()
+        with self._lock:
+            if self._code is None:
+                self._code = self._exit_code()
+        return out_err
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self._code is None:
+                info = self._box._api.exec_inspect(self.exec_id)
+                if not info["Running"] and info["ExitCode"] is not None:
+                    self._code = int(info["ExitCode"])
+            return self._code
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        self._finish(timeout)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if self._timed_out else self._code,  # type: ignore[arg-type]
+            stdout=self._box._read_text(self.stdout_path),
+            stderr=self._box._read_text(self.stderr_path),
+            timed_out=self._timed_out,
+            duration_s=time.monotonic() - self._started,
+        )
+
+    def kill(self) -> None:
+        """Kill the command and everything carrying its mark, then wait for the wrapper."""
+        if self._box._closed:
+            return
+        self._box._kill_marked(procs.JOB_MARKER, self.id)
+        if not self._sock.closed and self._ended(10):
+            with self._lock:
+                if self._code is None:
+                    self._code = self._exit_code()
+
+
+# -- the sandbox -----------------------------------------------------------------------------
+
+
+class DockerSandbox(Sandbox):
+    """One rollout's container (see module doc). Made by `DockerSandboxBackend.create`."""
+
+    def __init__(self, backend: DockerSandboxBackend, spec: SandboxSpec) -> None:
+        self.id = uuid.uuid4().hex[:16]
+        self.root = f"/sandbox/{self.id}"
+        self.workdir = f"{self.root}/work"
+        self.home = f"{self.root}/home"
+        self._api = backend._client.api
+        self._closed = False
+        self._lock = threading.Lock()
+        self._relays: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
+        self._env = {
+            "PATH": _CONTAINER_PATH,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            "SHELL": "/bin/bash",
+            "TMPDIR": f"{self.root}/tmp",
+            "NO_PROXY": "127.0.0.1,localhost,::1",
+            "no_proxy": "127.0.0.1,localhost,::1",
+            **spec.env,
+        }
+        image = spec.image or backend.image
+        mounts = {str(self._run_dir): f"{self.root}/run"}
+        volumes = {host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()}
+        for host, inside in backend.read_only_mounts().items():
+            volumes[host] = {"bind": inside, "mode": "ro"}
+        docker = _docker()
+        try:
+            self.container = backend._client.containers.create(
+                image,
+                command=["sleep", "infinity"],
+                init=True,  # reaps the orphans a killed command leaves behind
+                labels={**owner_labels(), f"{LABEL}.id": self.id, f"{LABEL}.label": spec.label},
+                network_mode="none",
+                nano_cpus=int(backend.cpus * 1e9),
+                mem_limit=backend.memory,
+                pids_limit=backend.pids,
+                volumes=volumes,
+                hostname="harness-gym",
+                working_dir="/",
+            )
+        except docker.errors.ImageNotFound as exc:
+            _rmtree(self._run_dir)
+            raise SandboxError(
+                f"docker image {image!r} not found: build it with scripts/docker-image"
+            ) from exc
+        except docker.errors.DockerException as exc:
+            _rmtree(self._run_dir)
+            raise SandboxError(f"could not create a container from {image!r}: {exc}") from exc
+        try:
+            layout = [("sandbox", None, 0o755), (self.root[1:], None, 0o755)]
+            layout += [(f"{self.root[1:]}/{d}", None, 0o755) for d in ("home", "tmp", "logs")]
+            if spec.repo is None:
+                layout.append((self.workdir[1:], None, 0o755))
+            self.container.put_archive("/", _tar(layout))
+            if spec.repo is not None:
+                self.container.put_archive("/", _tar_tree(Path(spec.repo), self.workdir[1:]))
+            self.container.start()
+        except BaseException as exc:
+            self.close()
+            raise SandboxError(f"could not start a sandbox from {spec.repo}: {exc}") from exc
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} (container {self.container.short_id}) is closed")
+
+    def path(self, path: str) -> str:
+        """A sandbox path inside the container: relative paths are relative to the work dir."""
+        return posixpath.join(self.workdir, path)
+
+    def _command_env(self, env: Mapping[str, str] | None) -> list[str]:
+        merged = {**self._env, **(env or {}), "HOME": self.home, procs.SANDBOX_MARKER: self.id}
+        return [f"{k}={v}" for k, v in merged.items()]
+
+    def _spawn(self, command: Sequence[str] | str, cwd: str | None,
+               env: Mapping[str, str] | None, stdout_path: str, stdin_path: str,
+               emit: bool) -> DockerJob:  # fmt: skip
+        self._check_open()
+        job_id = uuid.uuid4().hex
+        stderr_path = stdout_path + ".stderr"
+        argv = ["sh", "-c", _WRAPPER, "sh", job_id, stdout_path, stderr_path, stdin_path]
+        started = time.monotonic()
+        try:
+            exec_id = self._api.exec_create(
+                self.container.id,
+                [*argv, "1" if emit else "0", *_argv(command)],
+                environment=self._command_env(env),
+                workdir=self.path(cwd) if cwd else self.workdir,
+            )["Id"]
+            sock = self._api.exec_start(exec_id, socket=True)
+        except _docker().errors.DockerException as exc:
+            raise SandboxError(f"could not start {command!r}: {exc}") from exc
+        return DockerJob(self, exec_id, sock, job_id, stdout_path, stderr_path, started)
+
+    def _kill_marked(self, marker: str, value: str) -> None:
+        """SIGKILL every process in the container whose environment holds marker=value."""
+        with self._lock:
+            if self._closed:
+                return
+            self.container.exec_run(["sh", "-c", _KILL_MARKED, "sh", marker, value])
+
+    def _read_text(self, path: str) -> str:
+        try:
+            return self.read_file(path).decode("utf-8", errors="replace")
+        except SandboxError:
+            return ""
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        name = f"{self.root}/logs/{uuid.uuid4().hex[:12]}"
+        stdin_path = "/dev/null"
+        if stdin is not None:
+            stdin_path = f"{name}.in"
+            self.write_file(stdin_path, stdin, mode=0o600)
+        job = self._spawn(command, cwd, env, f"{name}.out", stdin_path, emit=True)
+        out, err = job._finish(timeout)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if job._timed_out else job._code,  # type: ignore[arg-type]
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            timed_out=job._timed_out,
+            duration_s=time.monotonic() - job._started,
+        )
+
+    def start(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout_path: str | None = None,
+    ) -> DockerJob:
+        """Start in the background. stdout goes to `stdout_path` (default: a file under the
+        sandbox's logs/), stderr to the same path plus `.stderr`."""
+        out = self.path(stdout_path) if stdout_path else f"{self.root}/logs/{uuid.uuid4().hex[:12]}.out"
+        return self._spawn(command, cwd, env, out, "/dev/null", emit=False)
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        self._check_open()
+        target = self.path(path)
+        parent, name = posixpath.split(target)
+        archive = _tar([(name, data.encode() if isinstance(data, str) else data, mode)])
+        docker = _docker()
+        try:
+            try:
+                self.container.put_archive(parent, archive)
+            except docker.errors.NotFound:
+                self.container.exec_run(["mkdir", "-p", parent])
+                self.container.put_archive(parent, archive)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"could not write {path} in sandbox {self.id}: {exc}") from exc
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        docker = _docker()
+        try:
+            chunks, _stat = self.container.get_archive(self.path(path))
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+                member = tar.next()
+                extracted = tar.extractfile(member) if member is not None else None
+                if extracted is None:
+                    raise SandboxError(f"{path} in sandbox {self.id} is not a file")
+                return extracted.read()
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"could not read {path} in sandbox {self.id}: {exc}") from exc
+
+    def proxy_url(self, host_url: str) -> str:
+        """The URL a command in this sandbox uses to reach `host_url`, an http server on the
+        host's loopback (the interception proxy): the same URL with the host set to 127.0.0.1.
+        The first call per port starts the host relay and the in-container forwarder."""
+        self._check_open()
+        parts = urlsplit(host_url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise SandboxError(f"proxy_url needs an http://host:port URL, got {host_url!r}")
+        port = parts.port or 80
+        key = (parts.hostname, port)
+        with self._lock:
+            if key not in self._relays:
+                self._relays[key] = self._start_relay(parts.hostname, port)
+        return urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
+
+    def _start_relay(self, host: str, port: int) -> subprocess.Popen[bytes]:
+        name = f"proxy-{port}.sock"
+        relay = subprocess.Popen(
+            [sys.executable, "-c", _RELAY, f"unix:{self._run_dir / name}", f"tcp:{host}:{port}"],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert relay.stdout is not None
+        if relay.stdout.readline().strip() != b"ready":
+            relay.kill()
+            raise SandboxError(f"could not relay {self._run_dir / name} to {host}:{port}")
+        inside = f"unix:{self.root}/run/{name}"
+        forward = ["python3", "-c", _RELAY, f"tcp:127.0.0.1:{port}", inside, "--fork"]
+        result = self.container.exec_run(forward)
+        if result.exit_code != 0:
+            relay.kill()
+            raise SandboxError(
+                f"could not start the proxy forwarder in the container (does the image have"
+                f" python3?): {result.output.decode(errors='replace')[-500:]}"
+            )
+        return relay
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            relays, self._relays = list(self._relays.values()), {}
+        container = getattr(self, "container", None)
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except _docker().errors.NotFound:
+                pass
+        for relay in relays:
+            relay.kill()
+            relay.wait()
+        _rmtree(self._run_dir)
+
+
+class DockerSandboxBackend(SandboxBackend):
+    """Sandboxes as containers on the local docker daemon (see module doc).
+
+    `cpus`, `memory` (docker's syntax, e.g. "4g") and `pids` limit each container; `image` is
+    used when a spec names none; `extra_mounts` maps host paths to container paths bound
+    read-only besides the harness cache. Creating the backend removes labelled containers left
+    by owners that are gone.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        cpus: float = 2.0,
+        memory: str = "4g",
+        pids: int = 2048,
+        extra_mounts: Mapping[str, str] | None = None,
+        reap: bool = True,
+    ) -> None:
+        self.image = image
+        self.cpus = cpus
+        self.memory = memory
+        self.pids = pids
+        self.extra_mounts = dict(extra_mounts or {})
+        try:
+            self._client = _docker().from_env(timeout=60)
+            self._client.ping()
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise SandboxError(
+                f"no docker daemon answers ({exc}); start one, e.g. with scripts/docker-image"
+            ) from exc
+        if reap:
+            self.reap_stale()
+
+    def read_only_mounts(self) -> dict[str, str]:
+        from ..harness import harness_cache_dir
+
+        mounts = {}
+        cache = harness_cache_dir().parent
+        if cache.is_dir():
+            mounts[str(cache)] = str(cache)
+        return {**mounts, **self.extra_mounts}
+
+    def reap_stale(self) -> list[str]:
+        """Remove labelled containers whose owner process is gone; their ids."""
+        removed = []
+        for container in self._client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+            if owner_is_gone(container.labels):
+                try:
+                    container.remove(force=True)
+                    removed.append(container.id)
+                except _docker().errors.NotFound:
+                    pass
+        return removed
+
+    def create(self, spec: SandboxSpec) -> DockerSandbox:
+        return DockerSandbox(self, spec)
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,102 @@
+"""True streaming: tokens leave as they are sampled, pings cover a slow prefill, and a client
+that hangs up stops generation and leaves an incomplete (never corrupt) trace entry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from harness_gym.engines import Engine, load_engine
+from harness_gym.proxy import InterceptionProxy, ProxySettings
+from support.engines import RecordingEngine
+
+MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    engine = load_engine("tiny")
+    yield engine
+    engine.close()
+
+
+class SlowFirstToken(RecordingEngine):
+    """A real engine behind a slow prefill: the first chunk waits `delay_s`."""
+
+    def __init__(self, inner: Engine, delay_s: float) -> None:
+        super().__init__(inner)
+        self.delay_s = delay_s
+
+    async def _stream(self, inner, record):
+        await asyncio.sleep(self.delay_s)
+        async for chunk in super()._stream(inner, record):
+            yield chunk
+
+
+def test_the_first_token_reaches_the_client_long_before_generation_ends(tiny):
+    with InterceptionProxy(tiny) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 1500})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
+        started = time.perf_counter()
+        first_text = None
+        for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+            if first_text is None and chunk.choices and chunk.choices[0].delta.content:
+                first_text = time.perf_counter() - started
+        total = time.perf_counter() - started
+    (segment,) = session.trace_json()["segments"]
+    assert len(segment["response_ids"]) == 1500
+    assert first_text is not None and first_text < total / 4, (first_text, total)
+
+
+def test_a_client_that_hangs_up_stops_generation_and_leaves_an_incomplete_entry(tiny):
+    with InterceptionProxy(tiny) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 3000})
+        headers = {"authorization": f"Bearer {session.session_id}"}
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        with httpx.stream("POST", proxy.base_url + "/chat/completions", json=body,
+                          headers=headers, timeout=30) as response:
+            lines = response.iter_lines()
+            seen = [next(lines) for _ in range(12)]
+        assert any("content" in line for line in seen)
+        deadline = time.monotonic() + 10
+        while tiny.active_requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tiny.active_requests == 0  # the engine stopped, well before 3000 tokens
+        time.sleep(0.2)
+        trace = session.trace_json()
+        (segment,) = trace["segments"]
+        assert segment["role"] == "discarded" and segment["incomplete"]
+        assert 0 < len(segment["response_ids"]) < 3000
+        assert len(segment["response_logprobs"]) == len(segment["response_ids"])
+        assert all(m == 1 for m in segment["loss_mask"])
+        assert trace["n_llm_calls"] == 0
+        # The session goes on: the next call starts a fresh agent segment.
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert [s["role"] for s in session.trace_json()["segments"]] == ["discarded", "agent"]
+
+
+def test_a_slow_prefill_is_covered_by_pings_in_every_dialect(tiny):
+    engine = SlowFirstToken(tiny, delay_s=1.2)
+    settings = ProxySettings(first_token_grace_s=0.05, keepalive_s=0.25)
+    with InterceptionProxy(engine, settings=settings) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 4})
+        headers = {"authorization": f"Bearer {session.session_id}"}
+        anthropic = httpx.post(
+            proxy.url + "/v1/messages", headers=headers, timeout=30,
+            json={"model": "m", "max_tokens": 4, "messages": MESSAGES, "stream": True})
+        events = [line[7:] for line in anthropic.text.splitlines() if line.startswith("event: ")]
+        first_block = events.index("content_block_start")
+        assert events[0] == "message_start" and events[1:first_block].count("ping") >= 3
+        assert events[-1] == "message_stop"
+        chat = httpx.post(proxy.base_url + "/chat/completions", headers=headers, timeout=30,
+                          json={"model": "m", "messages": MESSAGES, "stream": True})
+        assert chat.text.count(": keep-alive") >= 3 and chat.text.endswith("data: [DONE]\n\n")
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
+        answer = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True) if c.choices)
+        assert isinstance(answer, str)
