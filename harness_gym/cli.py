@@ -55,6 +55,20 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from . import trace_view
+
+    episodes = trace_view.select(trace_view.load_episodes(args.file), args.episode)
+    tokenizer = trace_view.load_tokenizer(args.tokenizer)
+    if args.html:
+        page = trace_view.render_html(episodes, tokenizer, title=Path(args.file).name)
+        Path(args.html).write_text(page)
+        print(f"wrote {Path(args.html).resolve()}")
+    else:
+        trace_view.print_terminal(episodes, tokenizer, show_prompt=args.prompt)
+    return 0
+
+
 DEMO_TASK = "harness-gym__slugs-40"
 
 
@@ -109,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
     _add_run_options(demo, demo=True)
     demo.set_defaults(handler=_demo)
+
+    trace = commands.add_parser("trace", help="show a recorded trace (runs JSONL or Parquet)")
+    trace.add_argument("file", help="a runs JSONL from `harness-gym run`, or RecordTraces Parquet")
+    trace.add_argument("--episode", type=int, default=None, help="only this episode (default: all)")
+    trace.add_argument("--html", default=None, metavar="OUT.html",
+                       help="write a self-contained HTML page instead of printing")
+    trace.add_argument("--tokenizer", default="tiny",
+                       help="to decode with: tiny (default), smollm2, or a tokenizer directory")
+    trace.add_argument("--prompt", action="store_true", help="print each segment's prompt too")
+    trace.set_defaults(handler=_trace)
     return parser
 
 

@@ -18,9 +18,12 @@ tests/fixtures/opencode_requests.json):
   tool-call turn echoed with `content: ""` and compact re-serialized arguments; tool results as
   `role: "tool"` with string content ("(no output)" when empty).
 - `opencode run` builds its message as `args.map(a => a.includes(" ") ? `"${a}"` : a).join(" ")`:
-  a prompt passed as one argument arrives wrapped in literal quotes. `args` therefore passes the
-  prompt after `--`, split on single spaces: the pieces hold no space, so the join restores the
-  exact text (newlines included), and `--` keeps a piece like `-x` from being read as a flag.
+  a prompt passed as one argument arrives wrapped in literal quotes. `args` therefore passes it
+  split on single spaces as separate positionals (no piece holds a space, so the join restores
+  the exact text, newlines and empty pieces included; positionals stay strings, while after a
+  `--` yargs turns "2" into a number and OpenCode crashes). A piece starting with "-" would be
+  read as a flag, so such a prompt goes as one argument and arrives quoted (the proxy takes
+  that). Without `--title` it makes an extra title-generation call.
 - Offline: at start it installs `@opencode-ai/plugin` (its own version) into every config dir
   with an embedded npm, i.e. it calls registry.npmjs.org. We install the plugin beside the CLI
   in the cache and `prepare` links `~/.config/opencode/node_modules` to it, with a package.json
@@ -62,7 +65,7 @@ class OpenCodeHarness(HarnessSpec):
         return [
             "run", "--pure", "--format", "json", "--title", "harness-gym",
             "--model", f"{PROVIDER}/{endpoint.model}",
-            "--", *prompt.split(" "),
+            *_message_args(prompt),
         ]
 
     def config_files(self, endpoint: Endpoint) -> dict[str, str]:
@@ -91,12 +94,7 @@ class OpenCodeHarness(HarnessSpec):
             "autoupdate": False,
             "share": "disabled",
         }
-        # With the plugin named here and present in node_modules, OpenCode installs nothing.
-        package = {"dependencies": {PLUGIN: VERSION}}
-        return {
-            f"{CONFIG_DIR}/opencode.json": json.dumps(config, indent=2),
-            f"{CONFIG_DIR}/package.json": json.dumps(package, indent=2),
-        }
+        return {f"{CONFIG_DIR}/opencode.json": json.dumps(config, indent=2)}
 
     def prepare(
         self,
@@ -106,8 +104,13 @@ class OpenCodeHarness(HarnessSpec):
         cache_dir: Path | str | None = None,
     ) -> LaunchPlan:
         plan = super().prepare(sandbox, endpoint, prompt, cache_dir)
-        # The plugin's node_modules (64 MB) is shared from the cache, not copied per episode.
-        modules = self.install_dir(cache_dir) / "node_modules"
+        # OpenCode installs nothing when the config dir's package.json and lockfile match its
+        # node_modules: copy the cache's two small files, link its node_modules (it would be
+        # 64 MB a copy). A package.json naming only the plugin was not enough: npm ran.
+        prefix = self.install_dir(cache_dir)
+        for name in ("package.json", "package-lock.json"):
+            sandbox.write_file(f"{sandbox.home}/{CONFIG_DIR}/{name}", (prefix / name).read_bytes())
+        modules = prefix / "node_modules"
         link = f"{sandbox.home}/{CONFIG_DIR}/node_modules"
         done = sandbox.exec(["ln", "-sfn", str(modules), link], timeout=30)
         if done.exit_code != 0:
@@ -133,6 +136,11 @@ class OpenCodeHarness(HarnessSpec):
             elif kind == "error":
                 error = _error_text(event.get("error"))
         return HarnessOutput(final, n_tool_calls, tail(stdout), error)
+
+
+def _message_args(prompt: str) -> list[str]:
+    pieces = prompt.split(" ")
+    return [prompt] if any(piece.startswith("-") for piece in pieces) else pieces
 
 
 def _error_text(error: Any) -> str:

@@ -9,7 +9,8 @@
     result.outcome, result.f2p, result.patch
 
 Modules: `task` (the `Task` record), `loader` (suites, deterministic repos), `grader`
-(SWE-bench grading through the sandbox seam), `log_parsers` (test logs -> statuses, a registry),
+(SWE-bench grading through the sandbox seam), `validation` (is a task's gold patch passing
+every time?), `log_parsers` (test logs -> statuses, a registry),
 `diffs` (paths a patch touches). The shipped suite lives in `builtin/`, one folder per task.
 """
 
@@ -20,6 +21,7 @@ from .grader import (
     GroupCounts,
     Outcome,
     PatchApplyError,
+    RepositoryLostError,
     SandboxGitError,
     apply_patch,
     capture_patch,
@@ -35,9 +37,12 @@ from .log_parsers import (
     log_parser_names,
     parse_junit_xml,
     parse_pytest_log,
+    parse_unittest_log,
+    pytest_session_totals,
     register_log_parser,
 )
 from .task import Task, TaskError
+from .validation import TaskValidation, validate_task
 
 __all__ = [
     "BUILTIN_SUITE_DIR",
@@ -46,10 +51,12 @@ __all__ = [
     "LogParser",
     "Outcome",
     "PatchApplyError",
+    "RepositoryLostError",
     "SandboxGitError",
     "Task",
     "TaskError",
     "TaskSpec",
+    "TaskValidation",
     "TestStatus",
     "UnknownLogParserError",
     "apply_patch",
@@ -62,5 +69,8 @@ __all__ = [
     "materialize",
     "parse_junit_xml",
     "parse_pytest_log",
+    "parse_unittest_log",
+    "pytest_session_totals",
     "register_log_parser",
+    "validate_task",
 ]

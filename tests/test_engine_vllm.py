@@ -9,11 +9,16 @@ import time
 
 import openai
 import pytest
+from support.vllm_wire_server import VLLMWireServer
 
-from harness_gym.engines import ContextLengthExceeded, EngineError, SamplingParams, load_engine
+from harness_gym.engines import (
+    ContextLengthExceeded,
+    EngineError,
+    SamplingParams,
+    load_engine,
+)
 from harness_gym.engines.vllm import HashRing, VLLMEngine, routed_by
 from harness_gym.proxy import InterceptionProxy
-from support.vllm_wire_server import VLLMWireServer
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +118,7 @@ def test_the_hash_ring_spreads_keys_and_moves_few_when_a_server_joins():
 def test_streamed_token_ids_and_logprobs_are_exactly_what_the_server_sent(fresh):
     a, _ = fresh
     engine = VLLMEngine([a.url], tokenizer="tiny")
-    stream, chunks = asyncio.run(collect(engine, prompt(engine, "hello"), max_tokens=12))
+    _, chunks = asyncio.run(collect(engine, prompt(engine, "hello"), max_tokens=12))
     assert len(chunks) > 1  # streamed, not one buffered answer
     [served] = a.served
     assert [t for c in chunks for t in c.token_ids] == served.token_ids
@@ -221,3 +226,23 @@ def test_the_proxy_records_exactly_the_token_ids_the_vllm_server_sampled(fresh, 
     assert segment["response_ids"] == served.token_ids
     assert segment["response_logprobs"] == served.logprobs
     assert text in engine.tokenizer.decode(served.token_ids)
+
+
+def test_through_the_proxy_every_call_of_a_session_lands_on_one_server(fresh):
+    a, b = fresh
+    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
+    with InterceptionProxy(engine) as proxy:
+        sessions = [proxy.open_session(sampling={"max_tokens": 4}) for _ in range(8)]
+        for turn in range(3):
+            for index, session in enumerate(sessions):
+                client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                                       max_retries=0)
+                client.chat.completions.create(model="policy", messages=[
+                    {"role": "user", "content": f"session {index} turn {turn}"}])
+        expected = {s.session_id: engine.server_for(s.session_id) for s in sessions}
+    marker_ids = [prompt(engine, f"session {i} turn {t}") for i in range(8) for t in range(3)]
+    for server in fresh:
+        for served in server.served:
+            index = marker_ids.index(served.body["prompt"]) // 3
+            assert expected[sessions[index].session_id] == server.url
+    assert len(a.served) + len(b.served) == 24

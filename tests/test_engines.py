@@ -22,6 +22,7 @@ from harness_gym.engines import (
     load_engine,
 )
 from harness_gym.engines.tiny import (
+    init_tiny_model,
     load_tiny_tokenizer,
     tiny_model_dir,
     train_tiny_tokenizer,
@@ -72,41 +73,62 @@ TRICKY_TEXTS = [
 ]
 
 
-def test_the_tiny_tokenizer_reloads_through_autotokenizer_to_identical_ids(tmp_path) -> None:
+def test_the_tiny_model_is_rebuilt_identically_and_reloads_through_autotokenizer(
+    tiny: TransformersEngine, tmp_path
+) -> None:
     from transformers import AutoTokenizer
 
-    trained = train_tiny_tokenizer()  # the in-memory object the cache was saved from
+    trained = train_tiny_tokenizer()  # what the cache was saved from, rebuilt in memory
+    assert trained.get_vocab() == tiny.tokenizer.get_vocab()
+    rebuilt = init_tiny_model(trained).state_dict()
+    cached = tiny.model.state_dict()
+    assert rebuilt.keys() == cached.keys()
+    assert all(torch.equal(rebuilt[name], cached[name]) for name in rebuilt)
+
     trained.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
-    cached = load_tiny_tokenizer()
     for text in TRICKY_TEXTS:
         ids = trained.encode(text, add_special_tokens=False)
         assert reloaded.encode(text, add_special_tokens=False) == ids
-        assert cached.encode(text, add_special_tokens=False) == ids
-        assert cached.decode(ids) == unicodedata.normalize("NFC", text)
+        assert tiny.tokenizer.encode(text, add_special_tokens=False) == ids
+        assert reloaded.decode(ids) == unicodedata.normalize("NFC", text)
+    cached_tokenizer = load_tiny_tokenizer()
     nfd = unicodedata.normalize("NFD", "Crème brûlée")
-    assert cached.encode(nfd) == cached.encode(unicodedata.normalize("NFC", nfd))
+    assert cached_tokenizer.encode(nfd) == cached_tokenizer.encode(
+        unicodedata.normalize("NFC", nfd)
+    )
     for tag in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_response>"):
-        assert len(cached.encode(tag, add_special_tokens=False)) == 1
+        assert len(cached_tokenizer.encode(tag, add_special_tokens=False)) == 1
     # Tool tags are not special: a parser reading decoded text must still see them.
-    call = cached.encode("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
-    assert cached.decode(call, skip_special_tokens=True) == "<tool_call>x</tool_call>"
+    call = cached_tokenizer.encode("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
+    assert cached_tokenizer.decode(call, skip_special_tokens=True) == "<tool_call>x</tool_call>"
 
 
-def test_two_processes_building_tiny_at_once_both_get_the_same_complete_model(tmp_path) -> None:
-    build = "from harness_gym.engines.tiny import tiny_model_dir; print(tiny_model_dir())"
+RACING_BUILDER = """
+import sys, time
+from harness_gym.engines._cache import build_once
+
+def build(directory):
+    (directory / "first").write_text(sys.argv[1])
+    time.sleep(1.0)  # long enough for the other process to start its own build
+    (directory / "second").write_text(sys.argv[1])
+
+print(sorted(p.read_text() + p.name for p in build_once("entry", build).iterdir()))
+"""
+
+
+def test_two_processes_building_one_cache_entry_both_get_the_same_complete_one(tmp_path) -> None:
     env = {**os.environ, "HARNESS_GYM_CACHE": str(tmp_path)}
     builders = [
-        subprocess.Popen([sys.executable, "-c", build], env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen(
+            [sys.executable, "-c", RACING_BUILDER, tag], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for tag in ("A", "B")
     ]
-    outputs = [b.communicate(timeout=120)[0].strip() for b in builders]
+    outputs = [b.communicate(timeout=60)[0].strip() for b in builders]
     assert [b.returncode for b in builders] == [0, 0]
-    assert outputs == [str(tmp_path / "tiny-v1")] * 2
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-v1"]  # no half-built leftovers
-    # The recipe is deterministic: this build equals the one the other tests use, byte for byte.
-    for name in ("tokenizer.json", "model.safetensors", "config.json"):
-        assert (tmp_path / "tiny-v1" / name).read_bytes() == (tiny_model_dir() / name).read_bytes()
+    assert outputs[0] == outputs[1] in ("['Afirst', 'Asecond']", "['Bfirst', 'Bsecond']")
+    assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # the loser's copy is gone
 
 
 def test_the_tiny_template_renders_a_tool_conversation_exactly(tiny: TransformersEngine) -> None:

@@ -12,8 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from harness_gym.sandbox.local import LocalSandboxBackend
 from harness_gym.tasks import (
     GroupCounts,
+    PatchApplyError,
     Task,
     TaskError,
     TestStatus,
@@ -23,16 +25,29 @@ from harness_gym.tasks import (
     load_tasks,
     parse_junit_xml,
     parse_pytest_log,
+    parse_unittest_log,
+    pytest_session_totals,
     register_log_parser,
+    validate_task,
 )
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.log_parsers import _PARSERS
 
-from support.task_sandboxes import read, task_sandbox, write
+from support.task_sandboxes import PYTHON_PATH_ENV, read, task_sandbox, write
 
 TASKS = {task.instance_id: task for task in load_tasks("builtin")}
 SPANS = TASKS["harness-gym__spans-14"]  # test_patch modifies tests/test_merge.py
 KVCONF = TASKS["harness-gym__kvconf-23"]  # test_patch creates tests/test_values.py
+# Tasks built to misbehave: tests/fixtures/tasks/<id>/ (task.json + repo/, diffs made with git).
+FIXTURES = {
+    task.instance_id: task
+    for task in load_tasks(Path(__file__).parent / "fixtures" / "tasks")
+}
+HANG = FIXTURES["fixture__hang-1"]  # the unfixed code loops forever on the F2P test
+FLAKY = FIXTURES["fixture__flaky-2"]  # eight P2P tests pass by a coin flip
+UNITTEST = FIXTURES["fixture__unittest-3"]  # python -m unittest -v, log_parser "unittest"
+BADPATCH = FIXTURES["fixture__badpatch-4"]  # its gold patch is cut off mid-hunk
+JUNIT = FIXTURES["fixture__junit-5"]  # junit_xml "auto": graded from a report outside the tree
 
 
 # --- agents that touch the judging tests --------------------------------------------------------
@@ -130,6 +145,13 @@ def test_tests_that_run_past_the_timeout_are_killed_and_reported_as_timeout(tmp_
     assert result.duration_s < 20
 
 
+def test_a_real_hanging_test_is_killed_at_the_timeout_and_reported_as_timeout(tmp_path: Path):
+    with task_sandbox(HANG, tmp_path) as sandbox:
+        result = grade(HANG, sandbox, timeout_s=3)
+    assert result.outcome == "timeout"
+    assert result.duration_s < 20
+
+
 def test_a_run_that_reports_no_tests_is_a_failure_not_a_pass(tmp_path: Path):
     silent = replace(
         SPANS, install_config={"test_cmd": "echo collected 0 items", "log_parser": "pytest"}
@@ -156,22 +178,48 @@ def test_a_test_patch_that_does_not_apply_is_an_infra_error(tmp_path: Path):
     assert "tests/test_merge.py" in result.error
 
 
-def test_a_sandbox_whose_repository_is_gone_is_an_infra_error_and_no_outer_repo_is_touched(
+def test_an_agent_that_deletes_git_is_graded_against_a_rebuilt_base_and_no_outer_repo_is_touched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     outer = tmp_path / "outer-checkout"  # sandboxes created inside someone's git checkout
     outer.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=outer, check=True)
     monkeypatch.setattr(tempfile, "tempdir", str(outer))
-    with task_sandbox(SPANS, tmp_path) as sandbox:
+    with task_sandbox(KVCONF, tmp_path) as sandbox:
+        apply_patch(sandbox, KVCONF.patch)
         sandbox.exec("rm -rf .git", cwd=sandbox.workdir)
-        result = grade(SPANS, sandbox, timeout_s=60)
+        result = grade(KVCONF, sandbox, timeout_s=60)
         staged = subprocess.run(
             ["git", "diff", "--cached", "--name-only"], cwd=outer, capture_output=True, text=True
         )
-    assert result.outcome == "infra_error"
-    assert "git add failed" in (result.error or "")
+    assert result.outcome == "passed", (result.error, result.failing)
+    assert paths_touched_by(result.patch) == ["kvconf/parser.py"]
+    assert "rebuilt it from the task's repo/" in result.notes[0]
     assert staged.stdout == ""
+
+
+def test_an_agent_that_replaces_git_with_a_fresh_repo_gets_the_base_back_and_fails_unfixed(
+    tmp_path: Path,
+):
+    with task_sandbox(KVCONF, tmp_path) as sandbox:
+        sandbox.exec(
+            "rm -rf .git && git init -q && git add -A && "
+            "git -c user.name=a -c user.email=a@b commit -qm mine",
+            cwd=sandbox.workdir,
+        )
+        result = grade(KVCONF, sandbox, timeout_s=60)
+    assert result.outcome == "failed" and result.error is None
+    assert result.patch == ""  # the agent changed no file: its new history is not a change
+    assert result.notes
+
+
+def test_a_dataset_row_whose_git_was_deleted_fails_with_a_reason(tmp_path: Path):
+    with task_sandbox(KVCONF, tmp_path) as sandbox:
+        sandbox.exec("rm -rf .git", cwd=sandbox.workdir)
+        result = grade(replace(KVCONF, repo_dir=None), sandbox, timeout_s=60)
+    assert result.outcome == "failed"
+    assert "was .git deleted?" in (result.error or "")
+    assert "dataset row" in (result.error or "")
 
 
 def test_grading_with_junit_xml_ignores_a_report_the_agent_planted(tmp_path: Path):
@@ -228,6 +276,164 @@ def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
             register_log_parser("tap-test", parse_tap)
     finally:
         _PARSERS.pop("tap-test")
+
+
+# --- agents that print fake results --------------------------------------------------------------
+
+# A conftest the agent leaves behind: it gets past pytest's output capture and prints a PASSED
+# line for every judged test, then...
+_FAKE_LINES = """
+import os
+import sys
+
+def pytest_configure(config):
+    config.pluginmanager.getplugin("capturemanager").suspend_global_capture(in_=True)
+    for test_id in {ids!r}:
+        print("PASSED " + test_id)
+    sys.stdout.flush()
+"""
+_EXIT_EARLY = "    os._exit(1)\n"  # ...dies before pytest can print its own summary, or
+_DESELECT_F2P = """
+def pytest_collection_modifyitems(config, items):
+    items[:] = [item for item in items if item.nodeid not in {f2p!r}]
+"""  # ...lets pytest run, but without the tests that would fail.
+
+
+@pytest.mark.parametrize("ending", ["exit-early", "deselect-f2p"])
+def test_passed_lines_printed_by_the_code_under_test_do_not_pass(tmp_path: Path, ending: str):
+    conftest = _FAKE_LINES.format(ids=KVCONF.FAIL_TO_PASS + KVCONF.PASS_TO_PASS)
+    if ending == "exit-early":
+        conftest += _EXIT_EARLY
+    else:
+        conftest += _DESELECT_F2P.format(f2p=KVCONF.FAIL_TO_PASS)
+    with task_sandbox(KVCONF, tmp_path) as sandbox:
+        write(sandbox, "tests/conftest.py", conftest)
+        result = grade(KVCONF, sandbox, timeout_s=120)
+    assert result.outcome == "failed"
+    assert all(result.tests[t] == TestStatus.PASSED for t in KVCONF.FAIL_TO_PASS)  # fooled parser
+    assert (result.error or "").startswith("untrusted test log")
+    expected = "no session summary" if ending == "exit-early" else "pytest's summary counts"
+    assert expected in (result.error or "")
+
+
+def test_a_junit_report_outside_the_tree_ignores_fake_lines_and_fake_xml_on_stdout(
+    tmp_path: Path,
+):
+    fake_xml = "".join(
+        f'<testcase file="tests/test_double.py" classname="x" name="{t.split("::")[1]}"/>'
+        for t in JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS
+    )
+    conftest = (
+        _FAKE_LINES.format(ids=JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS)
+        + f"    print('<testsuites><testsuite>{fake_xml}</testsuite></testsuites>')\n"
+        + "    sys.stdout.flush()\n    os._exit(0)\n"
+    )
+    with task_sandbox(JUNIT, tmp_path / "cheat") as sandbox:
+        write(sandbox, "tests/conftest.py", conftest)
+        cheated = grade(JUNIT, sandbox, timeout_s=120)
+    assert cheated.outcome == "failed"
+    assert cheated.tests == {}
+
+    with task_sandbox(JUNIT, tmp_path / "gold") as sandbox:
+        apply_patch(sandbox, JUNIT.patch)
+        fixed = grade(JUNIT, sandbox, timeout_s=120)
+        leftovers = sandbox.exec("ls /tmp | grep -c harness-gym-junit || true").stdout.strip()
+    assert fixed.outcome == "passed", (fixed.error, fixed.test_output)
+    assert set(fixed.tests) == set(JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS)
+    assert leftovers == "0"  # the grader removes its report
+
+
+def test_pytest_session_totals_sum_every_session_and_read_quiet_summaries():
+    log = "== 1 failed, 2 passed, 1 warning in 0.1s ==\nx\n3 passed, 1 error in 0.02s\n"
+    assert pytest_session_totals(log) == {"failed": 1, "passed": 5, "warnings": 1, "errors": 1}
+    assert pytest_session_totals("PASSED t.py::test_a\n") is None
+
+
+# --- malformed diffs and flaky tasks ------------------------------------------------------------
+
+
+def test_a_malformed_gold_patch_is_an_apply_error_that_leaves_the_tree_untouched(tmp_path: Path):
+    with task_sandbox(BADPATCH, tmp_path) as sandbox:
+        with pytest.raises(PatchApplyError, match=r"(?s)git apply.*patch --batch"):
+            apply_patch(sandbox, BADPATCH.patch)
+        with pytest.raises(PatchApplyError, match="not a unified diff"):
+            apply_patch(sandbox, "please apply my fix: greet should say Hello\n")
+        with pytest.raises(PatchApplyError, match="must be text"):
+            apply_patch(sandbox, None)  # type: ignore[arg-type]
+        status = sandbox.exec("git status --porcelain --ignored", cwd=sandbox.workdir)
+    assert status.stdout == ""  # no half-applied hunk, no .rej or .orig files
+
+
+def test_validate_task_reports_a_gold_patch_that_does_not_apply_once(tmp_path: Path):
+    report = validate_task(BADPATCH, LocalSandboxBackend(), runs=3, env=PYTHON_PATH_ENV)
+    assert not report.ok and report.runs == []
+    assert report.problems[0].startswith("the gold patch does not apply")
+
+
+def test_validate_task_finds_tests_that_change_status_between_identical_runs():
+    report = validate_task(FLAKY, LocalSandboxBackend(), runs=3, env=PYTHON_PATH_ENV)
+    assert len(report.runs) == 3
+    assert report.flaky  # 8 coin flips x 3 runs: all agreeing has odds of 4**-8
+    assert all(test.startswith("tests/test_lucky.py::test_lucky_draw[") for test in report.flaky)
+    assert all(len(statuses) == 3 for statuses in report.flaky.values())
+    assert any("flaky" in problem for problem in report.problems)
+
+
+def test_validate_task_passes_a_sound_task():
+    report = validate_task(KVCONF, LocalSandboxBackend(), runs=2, env=PYTHON_PATH_ENV)
+    assert report.ok, report.problems
+    assert [run.outcome for run in report.runs] == ["passed", "passed"]
+
+
+# --- other test frameworks and stricter verdicts ------------------------------------------------
+
+
+def test_a_unittest_task_is_graded_from_verbose_unittest_output(tmp_path: Path):
+    with task_sandbox(UNITTEST, tmp_path / "unfixed") as sandbox:
+        unfixed = grade(UNITTEST, sandbox, timeout_s=60)
+    with task_sandbox(UNITTEST, tmp_path / "fixed") as sandbox:
+        apply_patch(sandbox, UNITTEST.patch)
+        fixed = grade(UNITTEST, sandbox, timeout_s=60)
+    high, low = UNITTEST.FAIL_TO_PASS[0], UNITTEST.PASS_TO_PASS[0]
+    assert unfixed.outcome == "failed"
+    assert unfixed.tests[high] == TestStatus.FAILED and unfixed.tests[low] == TestStatus.PASSED
+    assert fixed.outcome == "passed", fixed.test_output
+    assert fixed.tests["test_nan (tests.test_clamp.ClampTest)"] == TestStatus.SKIPPED
+
+
+def test_the_unittest_parser_reads_django_and_python_3_11_styles():
+    log = (
+        "test_a (app.tests.T) ... ok\n"
+        "test_b (app.tests.T.test_b) ... FAIL\n"
+        "test_c (app.tests.T)\nA docstring. ... ok\n"
+        "test_d (app.tests.T) ... some output\nERROR\n"
+        "test_e (app.tests.T) ... skipped 'no db'\n"
+        "test_f (app.tests.T) ... expected failure\n"
+        "ERROR: test_g (app.tests.T)\n"
+    )
+    assert parse_unittest_log(log) == {
+        "test_a (app.tests.T)": TestStatus.PASSED,
+        "test_b (app.tests.T)": TestStatus.FAILED,
+        "test_c (app.tests.T)": TestStatus.PASSED,
+        "test_d (app.tests.T)": TestStatus.ERROR,
+        "test_e (app.tests.T)": TestStatus.SKIPPED,
+        "test_f (app.tests.T)": TestStatus.XFAIL,
+        "test_g (app.tests.T)": TestStatus.ERROR,
+    }
+
+
+def test_exact_test_set_also_fails_a_run_where_another_test_failed(tmp_path: Path):
+    exact = replace(KVCONF, install_config={**KVCONF.install_config, "exact_test_set": True})
+    with task_sandbox(KVCONF, tmp_path) as sandbox:
+        apply_patch(sandbox, KVCONF.patch)
+        write(sandbox, "tests/test_extra.py", "def test_mine():\n    assert False\n")
+        write(sandbox, "tests/test_more.py", "def test_also_mine():\n    pass\n")
+        lenient = grade(KVCONF, sandbox, timeout_s=120)
+        strict = grade(exact, sandbox, timeout_s=120)  # grading again re-resets the test files
+    assert lenient.outcome == "passed"  # SWE-bench: tests outside F2P/P2P don't count
+    assert strict.outcome == "failed"
+    assert strict.failing == ["tests/test_extra.py::test_mine"]  # an extra test may pass
+    assert judge_tests(KVCONF, lenient.tests, exact_test_set=True)[0] == "failed"
 
 
 # --- the verdict --------------------------------------------------------------------------------
@@ -471,3 +677,27 @@ def test_a_task_round_trips_through_a_jsonl_row(tmp_path: Path):
     rows.write_text(json.dumps(row_task.to_dict()) + "\n")
     assert load_tasks(rows) == [row_task]
     assert isinstance(Task.from_dict(row_task.to_dict()), Task)
+
+
+def test_parquet_files_of_rows_load_with_native_or_json_encoded_fields(tmp_path: Path):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    encoded = _swe_rebench_row("acme__widgets-1")
+    native = _swe_rebench_row(
+        "acme__widgets-2",
+        FAIL_TO_PASS=["a::b"],
+        PASS_TO_PASS=[],
+        install_config={"test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"},
+    )
+    parquet.write_table(pyarrow.Table.from_pylist([encoded]), tmp_path / "encoded.parquet")
+    parquet.write_table(pyarrow.Table.from_pylist([native]), tmp_path / "native.parquet")
+    [first] = load_tasks(tmp_path / "encoded.parquet")
+    [second] = load_tasks(tmp_path / "native.parquet")
+    assert first.FAIL_TO_PASS == ["tests/test_w.py::test_spin"]
+    assert first.install_config["install"] == "pip install -e ."
+    assert second.FAIL_TO_PASS == ["a::b"] and second.PASS_TO_PASS == []
+    assert second.install_config == {"test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"}
+    assert first.image_name == second.image_name == encoded["image_name"]
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(TaskError, match="not a readable Parquet file"):
+        load_tasks(tmp_path / "broken.parquet")

@@ -3,6 +3,7 @@ no network but the proxy path, reaping of stale containers. Real daemon, real im
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import subprocess
 import threading
@@ -164,6 +165,8 @@ def test_close_removes_the_container_and_its_host_dir(backend: DockerSandboxBack
 def test_containers_of_a_dead_owner_are_reaped_and_a_live_owners_kept(
     backend: DockerSandboxBackend,
 ) -> None:
+    from docker.errors import NotFound
+
     dead = subprocess.Popen(["sleep", "1000"])
     labels = owner_labels(dead.pid)  # taken while it lives, as a real owner's would be
     dead.kill()
@@ -181,10 +184,8 @@ def test_containers_of_a_dead_owner_are_reaped_and_a_live_owners_kept(
         assert kept.id in left and foreign.id in left
     finally:
         for container in (orphan, kept, foreign):
-            try:
+            with contextlib.suppress(NotFound):
                 container.remove(force=True)
-            except Exception:
-                pass
 
 
 def test_a_missing_image_says_how_to_build_one(backend: DockerSandboxBackend) -> None:
@@ -205,3 +206,46 @@ def test_create_exec_close_overhead_is_small(backend: DockerSandboxBackend) -> N
         f" close {closed - executed:.3f} s"
     )
     assert closed - started < 10
+
+
+class _ProxiedDockerBackend(DockerSandboxBackend):
+    """Relays each new sandbox to the proxy, as the env does once it calls `proxy_url`."""
+
+    proxy_url = ""
+
+    def create(self, spec: SandboxSpec) -> DockerSandbox:
+        box = super().create(spec)
+        assert box.proxy_url(self.proxy_url) == self.proxy_url
+        return box
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_pi_episode_with_the_oracle_passes_inside_docker() -> None:
+    from harness_gym.tasks.loader import load_tasks
+
+    from harness_gym.engines import load_engine
+    from harness_gym.episode import EpisodeRunner
+    from harness_gym.harness import load_harness
+    from harness_gym.proxy import InterceptionProxy
+    from harness_gym.rewards import RewardConfig
+
+    pi = load_harness("pi")
+    if not pi.is_installed():
+        pytest.skip("Pi is not installed in the harness cache (harness-gym install pi)")
+    task = load_tasks("builtin")[0]
+    proxy = InterceptionProxy(load_engine("oracle")).start()
+    proxy.engine.add_tasks([task])
+    backend = _ProxiedDockerBackend()
+    backend.proxy_url = proxy.url
+    runner = EpisodeRunner(
+        proxy, pi, backend, reward=RewardConfig(), episode_timeout_s=300, test_timeout_s=300
+    )
+    try:
+        result = runner.run(task)
+        assert result.outcome == "passed", (result.error, result.harness_output, result.grade)
+        assert result.n_tool_calls == 1 and result.reward > 0
+    finally:
+        runner.close()
+        proxy.stop()
+        backend.close()

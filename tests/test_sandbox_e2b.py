@@ -12,21 +12,29 @@ from pathlib import Path
 import pytest
 from sandbox_conformance import SandboxConformance
 
-pytest.importorskip("e2b", reason="the e2b SDK is not installed (pip install 'harness-gym[e2b]')")
+pytest.importorskip(
+    "e2b", reason="the e2b SDK is not installed (pip install 'harness-gym[e2b]')"
+)
 
-import e2b  # noqa: E402
-from support import fake_e2b  # noqa: E402
+import e2b
+from support import fake_e2b
 
-from harness_gym.sandbox import SandboxBackend, SandboxError, SandboxSpec, load_sandbox  # noqa: E402
-from harness_gym.sandbox.e2b import E2BSandbox, E2BSandboxBackend  # noqa: E402
+from harness_gym.sandbox import (
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    load_sandbox,
+)
+from harness_gym.sandbox.e2b import E2BSandbox, E2BSandboxBackend
 
 
 def fake_backend(**options: object) -> E2BSandboxBackend:
     return E2BSandboxBackend(sandbox_factory=fake_e2b.Sandbox.create, **options)  # type: ignore[arg-type]
 
 
-def sdk_of(box: E2BSandbox) -> fake_e2b.Sandbox:
-    assert isinstance(box.sdk, fake_e2b.Sandbox)
+def sdk_of(box: Sandbox) -> fake_e2b.Sandbox:
+    assert isinstance(box, E2BSandbox) and isinstance(box.sdk, fake_e2b.Sandbox)
     return box.sdk
 
 
@@ -42,7 +50,9 @@ class TestE2BOverTheFakeSDK(SandboxConformance):
         backend.close()
 
 
-@pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set: no live E2B run")
+@pytest.mark.skipif(
+    not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set: no live E2B run"
+)
 class TestE2BLive(SandboxConformance):
     """The suite against real E2B VMs. Process censuses by pgrep look at this host, where the
     VM's processes never are, so they pass trivially; exit codes, timeouts, files and HOME are
@@ -86,18 +96,31 @@ def test_the_real_sdk_refusing_a_missing_key_is_reported_with_the_variable_to_se
 
 
 def test_create_passes_template_lifetime_envs_and_key_to_the_sdk() -> None:
-    backend = fake_backend(template="base-tpl", timeout_s=900, api_key="e2b_k", envs={"X": "1"})
-    with backend.create(SandboxSpec()) as box, backend.create(SandboxSpec(image="other")) as other:
+    backend = fake_backend(
+        template="base-tpl", timeout_s=900, api_key="e2b_k", envs={"X": "1"}
+    )
+    with (
+        backend.create(SandboxSpec()) as box,
+        backend.create(SandboxSpec(image="other")) as other,
+    ):
         assert sdk_of(box).calls[0] == (
             "create",
-            {"template": "base-tpl", "timeout": 900, "envs": {"X": "1"}, "api_key": "e2b_k"},
+            {
+                "template": "base-tpl",
+                "timeout": 900,
+                "envs": {"X": "1"},
+                "api_key": "e2b_k",
+            },
         )
         assert sdk_of(other).template == "other"
 
 
 def test_the_harness_base_url_is_the_public_url_with_the_proxy_path() -> None:
     backend = fake_backend(proxy_public_url="https://proxy.example.com/")
-    assert backend.harness_base_url("http://127.0.0.1:8123/v1") == "https://proxy.example.com/v1"
+    assert (
+        backend.harness_base_url("http://127.0.0.1:8123/v1")
+        == "https://proxy.example.com/v1"
+    )
     with pytest.raises(SandboxError, match="proxy_public_url"):
         fake_backend().harness_base_url("http://127.0.0.1:8123/v1")
 
@@ -105,7 +128,9 @@ def test_the_harness_base_url_is_the_public_url_with_the_proxy_path() -> None:
 # -- what each seam call asks of the SDK ----------------------------------------------------
 
 
-def test_the_repo_goes_up_as_one_tar_and_comes_out_with_its_git_history(tmp_path: Path) -> None:
+def test_the_repo_goes_up_as_one_tar_and_comes_out_with_its_git_history(
+    tmp_path: Path,
+) -> None:
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "pkg" / "mod.py").write_text("x = 1\n")
@@ -118,7 +143,10 @@ def test_the_repo_goes_up_as_one_tar_and_comes_out_with_its_git_history(tmp_path
         writes = [args for name, args in sdk_of(box).calls if name == "files.write"]
         assert len(writes) == 1 and writes[0]["path"].endswith(".tar.gz")
         assert box.read_file("pkg/mod.py") == b"x = 1\n"
-        assert box.exec("readlink link && git log --format=%s").stdout == "pkg/mod.py\nbase\n"
+        assert (
+            box.exec("readlink link && git log --format=%s").stdout
+            == "pkg/mod.py\nbase\n"
+        )
 
 
 def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
@@ -126,14 +154,22 @@ def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
         box.exec("mkdir sub")
         sdk = sdk_of(box)
         sdk.calls.clear()
-        result = box.exec(["sh", "-c", "echo $CALL; exit 3"], cwd="sub", env={"CALL": "c"}, timeout=7)
-        assert (result.exit_code, result.stdout) == (3, "c\n")  # CommandExitException, mapped
-        (name, args), = sdk.calls
+        result = box.exec(
+            ["sh", "-c", "echo $CALL; exit 3"], cwd="sub", env={"CALL": "c"}, timeout=7
+        )
+        assert (result.exit_code, result.stdout) == (
+            3,
+            "c\n",
+        )  # CommandExitException, mapped
+        ((name, args),) = sdk.calls
         assert name == "commands.run" and args["background"] is None
         assert (args["cwd"], args["timeout"]) == (f"{box.workdir}/sub", 7)
         assert args["envs"]["SPEC"] == "s" and args["envs"]["CALL"] == "c"
         assert args["envs"]["HOME"] == box.home
-        assert "'sh' -c 'echo $CALL; exit 3'" in args["cmd"] or "sh -c 'echo $CALL; exit 3'" in args["cmd"]
+        assert (
+            "'sh' -c 'echo $CALL; exit 3'" in args["cmd"]
+            or "sh -c 'echo $CALL; exit 3'" in args["cmd"]
+        )
 
 
 def test_exec_without_a_timeout_asks_the_sdk_for_none_not_its_60_s_default() -> None:
@@ -171,7 +207,9 @@ def test_start_runs_in_the_background_without_a_connection_timeout() -> None:
 
 def test_start_writes_stdout_where_asked() -> None:
     with fake_backend().create(SandboxSpec()) as box:
-        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(10)
+        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(
+            10
+        )
         assert result.stdout == "to-file\n" and result.stderr == "e\n"
         assert box.read_file("logs/run.out") == b"to-file\n"
         assert box.read_file("logs/run.out.stderr") == b"e\n"
@@ -184,8 +222,14 @@ def test_files_go_through_the_sdk_in_bytes_at_workdir_relative_paths() -> None:
         assert box.read_file("a/b.txt") == b"text"
         assert box.read_file(f"{box.home}/../work/a/b.txt") == b"text"
         files = [(n, a) for n, a in sdk_of(box).calls if n.startswith("files.")]
-        assert files[0] == ("files.write", {"path": f"{box.workdir}/a/b.txt", "size": 4})
-        assert files[1] == ("files.read", {"path": f"{box.workdir}/a/b.txt", "format": "bytes"})
+        assert files[0] == (
+            "files.write",
+            {"path": f"{box.workdir}/a/b.txt", "size": 4},
+        )
+        assert files[1] == (
+            "files.read",
+            {"path": f"{box.workdir}/a/b.txt", "format": "bytes"},
+        )
 
 
 def test_close_kills_the_vm_once() -> None:

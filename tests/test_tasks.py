@@ -53,8 +53,8 @@ def _git(repo: Path, *args: str) -> str:
 # --- the built-in suite -------------------------------------------------------------------------
 
 
-def test_the_builtin_suite_has_at_least_eight_distinct_tasks():
-    assert len(BUILTIN) >= 8
+def test_the_builtin_suite_has_at_least_twelve_distinct_tasks():
+    assert len(BUILTIN) >= 12
     assert len({task.instance_id for task in BUILTIN}) == len(BUILTIN)
     assert len({task.repo for task in BUILTIN}) == len(BUILTIN)
 
@@ -237,7 +237,7 @@ def test_a_missing_field_is_named():
 
 
 def test_an_unknown_suite_name_lists_what_would_have_worked():
-    with pytest.raises(TaskError, match=r"not 'builtin', not an existing directory or .jsonl file"):
+    with pytest.raises(TaskError, match=r"not 'builtin', not an existing directory or .jsonl file \(or .json, .parquet\)"):
         load_tasks("no-such-suite")
 
 

@@ -15,18 +15,16 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from transformers import AutoModelForCausalLM  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
 
-from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir  # noqa: E402
-from harness_gym.integrations.trl import (  # noqa: E402
+from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir
+from harness_gym.integrations.trl import (
     harness_reward,
     make_rollout_func,
     task_dataset,
     training_segment,
 )
-
-pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
 
 def alternating_reward(completions: list[Any], **kwargs: Any) -> list[float]:
@@ -37,6 +35,8 @@ def alternating_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     rollout = make_rollout_func(harness="pi", tasks="builtin", max_tokens=32,
@@ -131,3 +131,33 @@ def test_advantages_are_nonzero_and_the_envs_are_closed_at_train_end(run):
     (batch,) = run["generated"]
     assert batch["advantages"].abs().sum() > 0
     assert run["rollout"]._envs == {} and run["rollout"]._engine is None
+
+
+def test_a_prompt_names_its_task_by_id_statement_or_conversation():
+    rollout = make_rollout_func(tasks="builtin")
+    task = rollout.tasks[3]
+    assert rollout.task_for(task.instance_id) is task
+    assert rollout.task_for("  " + task.problem_statement + "\n") is task
+    assert rollout.task_for([{"role": "system", "content": "x"},
+                             {"role": "user", "content": [{"type": "text",
+                                                           "text": f"solve {task.instance_id}"}]}]) is task
+    with pytest.raises(ValueError, match="names no task"):
+        rollout.task_for("write me a poem")
+
+
+def test_the_training_segment_is_the_agent_segment_with_the_most_sampled_tokens():
+    def segment(role: str, mask: list[int]) -> dict[str, Any]:
+        return {"role": role, "loss_mask": mask}
+
+    small, big = segment("agent", [1, 0, 1]), segment("agent", [1, 1, 0, 1])
+    trace = [small, segment("discarded", [1] * 9), big, segment("auxiliary", [1] * 9)]
+    assert training_segment(trace) is big
+    assert training_segment([segment("discarded", [1])]) is None
+    assert training_segment([]) is None
+
+
+def test_task_dataset_has_a_prompt_and_task_id_per_row():
+    n_tasks = len(make_rollout_func(tasks="builtin").tasks)
+    rows = task_dataset("builtin", repeat=2, conversational=True)
+    assert len(rows) == 2 * n_tasks and rows.column_names == ["prompt", "task_id"]
+    assert rows[0]["prompt"][0]["role"] == "user"

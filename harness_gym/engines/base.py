@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+
+# Which conversation a request belongs to (the proxy sets the session id before `stream()`), so
+# an engine with several servers can keep a session on one server and its prefix cache warm.
+routing_key: ContextVar[str | None] = ContextVar("harness_gym_routing_key", default=None)
 
 
 class EngineError(RuntimeError):

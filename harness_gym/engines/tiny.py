@@ -127,14 +127,10 @@ def _training_texts() -> Iterator[str]:
         yield text
 
 
-def _build(directory: Path) -> None:
+def init_tiny_model(tokenizer: Any) -> Any:
+    """The tiny Qwen2 with its fixed random weights, for `tokenizer` (in memory)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    started = time.perf_counter()
-    tokenizer = train_tiny_tokenizer()
-    tokenizer.save_pretrained(directory)
-    trained = time.perf_counter()
 
     eos, im_end = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     config = Qwen2Config(
@@ -155,7 +151,17 @@ def _build(directory: Path) -> None:
         torch.manual_seed(WEIGHT_SEED)
         model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[im_end, eos], pad_token_id=eos)
-    model.save_pretrained(directory)
+    return model
+
+
+def _build(directory: Path) -> None:
+    import torch
+
+    started = time.perf_counter()
+    tokenizer = train_tiny_tokenizer()
+    trained = time.perf_counter()
+    tokenizer.save_pretrained(directory)
+    init_tiny_model(tokenizer).save_pretrained(directory)
     (directory / "harness_gym_build.json").write_text(
         json.dumps(
             {

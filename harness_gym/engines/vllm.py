@@ -57,25 +57,31 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
 
-from .base import ContextLengthExceeded, Engine, EngineError, FinishReason, SamplingParams, TokenChunk
+from .base import (
+    routing_key,
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    FinishReason,
+    SamplingParams,
+    TokenChunk,
+)
 
 #: The key that pins a request to a server (the proxy sets the session id). Read when
 #: `VLLMEngine.stream` is called, so set it in the task that calls `stream`.
-routing_key: ContextVar[str | None] = ContextVar("harness_gym_routing_key", default=None)
 
 POLICY_VERSION_HEADER = "x-policy-version"
 _RETRIABLE_STATUS = frozenset({502, 503, 504})
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # vLLM's context-length message: "This model's maximum context length is 4096 tokens. However,
 # you requested 5000 tokens (4000 in the messages, 1000 in the completion)..."
-_CONTEXT_RE = re.compile(r"maximum context length is (\d+) tokens.*?requested (\d+) tokens", re.S)
+_CONTEXT_RE = re.compile(r"maximum context length is (\d+) tokens.*?requested (\d+) tokens", re.DOTALL)
 
 
 class _RetryBeforeFirstToken(Exception):
@@ -268,6 +274,7 @@ class VLLMStream:
 
     async def _run(self) -> AsyncIterator[TokenChunk]:
         engine = self._engine
+        started = False
         for attempt in range(engine.max_attempts):
             url = engine.urls[self._order[attempt % len(self._order)]]
             if attempt and attempt % len(self._order) == 0:  # a full pass failed: back off
@@ -280,9 +287,12 @@ class VLLMStream:
                     self.server = url
                     self.policy_version = _header_int(response, POLICY_VERSION_HEADER)
                     async for chunk in self._chunks(response):
+                        started = True
                         yield chunk
                     return
-            except httpx.TransportError as exc:  # connect/read failed before any token
+            except httpx.TransportError as exc:
+                if started:  # e.g. closing the response: tokens went out, never retry
+                    raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
                 self.attempts.append(f"{url}: {exc!r}")
             except _RetryBeforeFirstToken as exc:
                 self.attempts.append(f"{url}: {exc.__cause__ or exc}")
@@ -446,11 +456,11 @@ def load_vllm_engine(arg: str) -> VLLMEngine:
 
 
 __all__ = [
-    "HashRing",
     "POLICY_VERSION_HEADER",
+    "HashRing",
     "VLLMEngine",
     "VLLMStream",
     "load_vllm_engine",
-    "routing_key",
     "routed_by",
+    "routing_key",
 ]

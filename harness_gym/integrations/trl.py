@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -287,7 +287,7 @@ class HarnessRolloutFunc:
         if engine is not None:
             engine.close()
 
-    def __enter__(self) -> HarnessRolloutFunc:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 import anyio
 
-from ..engines.base import Completion, ContextLengthExceeded, Engine, EngineError, TokenChunk
+from ..engines.base import (
+    Completion,
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    TokenChunk,
+    routing_key,
+)
 from .bridge import PromptPlan
 from .canonical import AssistantTurn, ChatRequest, ToolCall
 from .detokenize import IncrementalDetokenizer
@@ -92,6 +99,7 @@ class PreparedCall:
                 if not self._first.done():
                     yield KeepAlive()
             chunk = _first_result(self._first)
+            self._take_server_version()
             while chunk is not None:
                 self.completion.add(chunk)
                 text = detokenizer.push(chunk.token_ids)
@@ -141,6 +149,12 @@ class PreparedCall:
                 return event
         raise AssertionError("a call stream always ends with CallFinished")
 
+    def _take_server_version(self) -> None:
+        # A remote engine may report which weights sampled this answer; that beats any label.
+        reported = getattr(self._stream, "policy_version", None)
+        if reported is not None:
+            self.completion.policy_version = reported
+
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started
 
@@ -158,6 +172,7 @@ async def prepare_call(
     sampling = session.sampling_params(
         request.sampling, prompt_len, engine.max_context, settings.default_max_tokens
     )
+    routing_key.set(session.session_id)  # this request's task only: contextvars are per task
     try:
         stream = engine.stream(plan.prompt_ids, sampling)
     except ContextLengthExceeded as exc:

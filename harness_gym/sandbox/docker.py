@@ -11,9 +11,9 @@ under a path of its own, as with `local` and `bwrap`::
     /sandbox/<id>/logs   stdout/stderr of commands
     /sandbox/<id>/run    bind mount of a host dir holding the proxy's unix socket
 
-The harness cache (`~/.cache/harness-gym`) is bind-mounted read-only at its host path, so a
-harness installed on the host runs unchanged inside (its runtime, e.g. node, must be in the
-image or among `extra_mounts`).
+The harness cache (`~/.cache/harness-gym`) is bind-mounted read-only at its host path and the
+host's `node` at /usr/local/bin/node, so a harness installed on the host runs unchanged inside
+(the daemon must run on this host; other runtimes go in the image or `extra_mounts`).
 
 Networking: the container has a loopback and nothing else, so it cannot reach the host, other
 containers or the internet. The harness reaches the interception proxy through a unix socket:
@@ -37,8 +37,9 @@ trainer killed with SIGKILL never runs `close()`).
 
 >>> from harness_gym.sandbox import SandboxSpec, load_sandbox
 >>> with load_sandbox("docker").create(SandboxSpec()) as box:  # doctest: +SKIP
-...     box.exec("ip route 2>/dev/null || cat /proc/net/route").stdout.count("\\n")
-1
+...     box.exec("tail -n +2 /proc/net/route").stdout  # no routes at all
+...     url = box.proxy_url(proxy.url)  # "http://127.0.0.1:<proxy's port>", for the harness
+''
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import io
 import os
 import posixpath
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,7 +77,8 @@ _WRAPPER = r"""
 id=$1 out=$2 err=$3 in=$4 emit=$5; shift 5
 HARNESS_GYM_JOB_ID=$id "$@" >"$out" 2>"$err" <"$in"
 rc=$?
-if [ "$emit" = 1 ]; then cat "$out"; cat "$err" >&2; rm -f "$out" "$err" "$in"; fi
+if [ "$emit" = 1 ]; then cat "$out"; cat "$err" >&2; rm -f "$out" "$err"; fi
+[ "$in" = /dev/null ] || rm -f "$in"
 exit $rc
 """
 
@@ -160,20 +163,22 @@ def _docker() -> Any:
 def docker_unavailable(image: str = DEFAULT_IMAGE) -> str | None:
     """Why sandboxes of `image` cannot be made here, or None when they can."""
     try:
-        client = _docker().from_env(timeout=10)
+        docker = _docker()
     except SandboxError as exc:
         return str(exc)
-    except Exception as exc:
-        return f"no docker daemon answers ({exc}): start one with scripts/docker-image"
+    import requests
+
+    client = None
     try:
-        client.ping()
+        client = docker.from_env(timeout=10)
         client.images.get(image)
-    except _docker().errors.ImageNotFound:
+    except docker.errors.ImageNotFound:
         return f"docker image {image} is missing: build it with scripts/docker-image"
-    except Exception as exc:
+    except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
         return f"no docker daemon answers ({exc}): start one with scripts/docker-image"
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return None
 
 
@@ -277,7 +282,11 @@ class DockerJob(Job):
         return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
     def _read_stream(self) -> tuple[bytes, bytes]:
-        from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
+        from docker.utils.socket import (
+            consume_socket_output,
+            demux_adaptor,
+            frames_iter,
+        )
 
         frames = (demux_adaptor(*frame) for frame in frames_iter(self._sock, tty=False))
         out, err = consume_socket_output(frames, demux=True)
@@ -317,10 +326,17 @@ class DockerJob(Job):
 
     def wait(self, timeout: float | None = None) -> ExecResult:
         self._finish(timeout)
+        return self._result(
+            self._box._read_text(self.stdout_path), self._box._read_text(self.stderr_path)
+        )
+
+    def _result(self, stdout: str, stderr: str) -> ExecResult:
+        code = TIMEOUT_EXIT_CODE if self._timed_out else self._code
+        assert code is not None, "_finish() sets the exit code"
         return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if self._timed_out else self._code,  # type: ignore[arg-type]
-            stdout=self._box._read_text(self.stdout_path),
-            stderr=self._box._read_text(self.stderr_path),
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
             timed_out=self._timed_out,
             duration_s=time.monotonic() - self._started,
         )
@@ -408,7 +424,8 @@ class DockerSandbox(Sandbox):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SandboxError(f"sandbox {self.id} (container {self.container.short_id}) is closed")
+            short = self.container.short_id
+            raise SandboxError(f"sandbox {self.id} (container {short}) is closed")
 
     def path(self, path: str) -> str:
         """A sandbox path inside the container: relative paths are relative to the work dir."""
@@ -469,13 +486,7 @@ class DockerSandbox(Sandbox):
             self.write_file(stdin_path, stdin, mode=0o600)
         job = self._spawn(command, cwd, env, f"{name}.out", stdin_path, emit=True)
         out, err = job._finish(timeout)
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if job._timed_out else job._code,  # type: ignore[arg-type]
-            stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"),
-            timed_out=job._timed_out,
-            duration_s=time.monotonic() - job._started,
-        )
+        return job._result(out.decode(errors="replace"), err.decode(errors="replace"))
 
     def start(
         self,
@@ -487,7 +498,8 @@ class DockerSandbox(Sandbox):
     ) -> DockerJob:
         """Start in the background. stdout goes to `stdout_path` (default: a file under the
         sandbox's logs/), stderr to the same path plus `.stderr`."""
-        out = self.path(stdout_path) if stdout_path else f"{self.root}/logs/{uuid.uuid4().hex[:12]}.out"
+        default = f"{self.root}/logs/{uuid.uuid4().hex[:12]}.out"
+        out = self.path(stdout_path) if stdout_path else default
         return self._spawn(command, cwd, env, out, "/dev/null", emit=False)
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -601,12 +613,13 @@ class DockerSandboxBackend(SandboxBackend):
         self.memory = memory
         self.pids = pids
         self.extra_mounts = dict(extra_mounts or {})
+        docker = _docker()
+        import requests
+
         try:
-            self._client = _docker().from_env(timeout=60)
+            self._client = docker.from_env(timeout=60)
             self._client.ping()
-        except SandboxError:
-            raise
-        except Exception as exc:
+        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
             raise SandboxError(
                 f"no docker daemon answers ({exc}); start one, e.g. with scripts/docker-image"
             ) from exc
@@ -620,6 +633,11 @@ class DockerSandboxBackend(SandboxBackend):
         cache = harness_cache_dir().parent
         if cache.is_dir():
             mounts[str(cache)] = str(cache)
+        node = shutil.which("node")
+        if node is not None:
+            # The cached npm harnesses were installed by this node and may hold native addons
+            # built for its ABI; bookworm's node is 18 and Pi 0.73 needs >= 20.
+            mounts[os.path.realpath(node)] = "/usr/local/bin/node"
         return {**mounts, **self.extra_mounts}
 
     def reap_stale(self) -> list[str]:

@@ -23,6 +23,7 @@ The helpers at the top (the command wrapper, the marker kill, the layout) are sh
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -67,9 +68,18 @@ def exec_script(command: Sequence[str] | str, out: str, err: str, stdin: str) ->
     )
 
 
-def job_script(command: Sequence[str] | str, out: str, err: str) -> str:
+def job_script(
+    command: Sequence[str] | str, out: str, err: str, exit_path: str | None = None
+) -> str:
+    """Run `command` with its output in files (and its exit code in `exit_path`, for an SDK
+    that may forget a finished process)."""
     q = shlex.quote
-    return f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < /dev/null; exit $?"
+    record = f"echo $code > {q(exit_path)}; " if exit_path else ""
+    return (
+        f'mkdir -p "$(dirname {q(out)})" && '
+        f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < /dev/null; code=$?; "
+        f"{record}exit $code"
+    )
 
 
 def kill_marked_script(var: str, value: str, rounds: int = 50) -> str:
@@ -100,7 +110,9 @@ def repo_tarball(repo: Path) -> bytes:
 
 def untar_script(tarball: str, workdir: str) -> str:
     q = shlex.quote
-    return f"tar -xzf {q(tarball)} -C {q(workdir)} --no-same-owner && rm -f {q(tarball)}"
+    return (
+        f"tar -xzf {q(tarball)} -C {q(workdir)} --no-same-owner && rm -f {q(tarball)}"
+    )
 
 
 def public_base_url(proxy_public_url: str | None, local_url: str, backend: str) -> str:
@@ -135,7 +147,9 @@ class RemoteShellSandbox(Sandbox):
         result = self._run_script(LAYOUT_SCRIPT, {}, None, 60)
         root = result.stdout.strip()
         if result.exit_code != 0 or not root.startswith("/"):
-            raise SandboxError(f"could not make the sandbox layout: {result.stderr or root!r}")
+            raise SandboxError(
+                f"could not make the sandbox layout: {result.stderr or root!r}"
+            )
         self.root = root
         self.workdir = f"{root}/work"
         self.home = f"{root}/home"
@@ -152,12 +166,18 @@ class RemoteShellSandbox(Sandbox):
             self._put(tarball, repo_tarball(Path(self._spec.repo)))
             untar = self._run_script(untar_script(tarball, self.workdir), {}, None, 600)
             if untar.exit_code != 0:
-                raise SandboxError(f"could not unpack {self._spec.repo} in the sandbox: {untar.stderr}")
+                raise SandboxError(
+                    f"could not unpack {self._spec.repo} in the sandbox: {untar.stderr}"
+                )
 
     # -- what a subclass provides ----------------------------------------------------------
 
     def _run_script(
-        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
+        self,
+        script: str,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
     ) -> ExecResult:
         """Run a bash script to completion; on timeout return `timed_out=True` (the caller
         kills what is left)."""
@@ -177,7 +197,9 @@ class RemoteShellSandbox(Sandbox):
     def path(self, path: str) -> str:
         return posixpath.join(self.workdir, path)
 
-    def _command_env(self, env: Mapping[str, str] | None, job_id: str) -> dict[str, str]:
+    def _command_env(
+        self, env: Mapping[str, str] | None, job_id: str
+    ) -> dict[str, str]:
         merged = {**self._env, **(env or {})}
         merged["HOME"] = self.home
         merged[SANDBOX_MARKER] = self.id
@@ -220,7 +242,9 @@ class RemoteShellSandbox(Sandbox):
             self._put(stdin_path, stdin)
         started = time.monotonic()
         script = exec_script(command, out, err, stdin_path)
-        result = self._run_script(script, self._command_env(env, job_id), self._cwd(cwd), timeout)
+        result = self._run_script(
+            script, self._command_env(env, job_id), self._cwd(cwd), timeout
+        )
         if result.timed_out:
             self.kill_job(job_id)
             result = ExecResult(
@@ -243,7 +267,9 @@ class RemoteShellSandbox(Sandbox):
         # result does not depend on the server's default or umask.
         chmod = self._run_script(f"chmod {mode:o} {shlex.quote(target)}", {}, None, 60)
         if chmod.exit_code != 0:
-            raise SandboxError(f"could not chmod {path} in sandbox {self.id}: {chmod.stderr}")
+            raise SandboxError(
+                f"could not chmod {path} in sandbox {self.id}: {chmod.stderr}"
+            )
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -267,7 +293,9 @@ class E2BJob(Job):
     """A background command: an SDK `CommandHandle` waited on by a thread, so that `poll()`
     and `wait(timeout)` need no polling round-trips."""
 
-    def __init__(self, sandbox: E2BSandbox, handle: Any, job_id: str, out: str, err: str) -> None:
+    def __init__(
+        self, sandbox: E2BSandbox, handle: Any, job_id: str, out: str, err: str
+    ) -> None:
         self._sandbox = sandbox
         self._handle = handle
         self.id = job_id
@@ -280,14 +308,19 @@ class E2BJob(Job):
         self._waiter.start()
 
     def _wait_handle(self) -> None:
-        from e2b import CommandExitException
+        from e2b import CommandExitException, SandboxException
 
         try:
             self._code = self._handle.wait().exit_code
         except CommandExitException as exc:
             self._code = exc.exit_code
-        except Exception:  # stream lost (sandbox killed, network): the command is gone for us
+        except SandboxException:  # stream lost (sandbox killed, network): gone for us
             self._code = -1
+        finally:
+            if (
+                self._code is None
+            ):  # anything else: still never report "running" forever
+                self._code = -1
 
     def poll(self) -> int | None:
         if self._waiter.is_alive():
@@ -313,10 +346,10 @@ class E2BJob(Job):
             return
         if self._waiter.is_alive():
             self._killed = True
-            try:
+            from e2b import SandboxException
+
+            with contextlib.suppress(SandboxException):  # already gone
                 self._handle.kill()
-            except Exception:
-                pass  # already gone
         self._sandbox.kill_job(self.id)
         self._waiter.join(5)
 
@@ -337,7 +370,11 @@ class E2BSandbox(RemoteShellSandbox):
             raise
 
     def _run_script(
-        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
+        self,
+        script: str,
+        env: Mapping[str, str],
+        cwd: str | None,
+        timeout: float | None,
     ) -> ExecResult:
         from e2b import CommandExitException, TimeoutException
 
@@ -359,8 +396,12 @@ class E2BSandbox(RemoteShellSandbox):
         except TimeoutException:
             return ExecResult(TIMEOUT_EXIT_CODE, "", "", timed_out=True)
         except Exception as exc:
-            raise SandboxError(f"e2b sandbox {self.id}: command failed to run: {exc}") from exc
-        return ExecResult(code, stdout or "", stderr or "", duration_s=time.monotonic() - started)
+            raise SandboxError(
+                f"e2b sandbox {self.id}: command failed to run: {exc}"
+            ) from exc
+        return ExecResult(
+            code, stdout or "", stderr or "", duration_s=time.monotonic() - started
+        )
 
     def start(
         self,
@@ -378,8 +419,6 @@ class E2BSandbox(RemoteShellSandbox):
         err = out + ".stderr"
         envs = self._command_env(env, job_id)
         script = job_script(command, out, err)
-        if stdout_path:
-            script = f"mkdir -p {shlex.quote(posixpath.dirname(out))}; {script}"
         if "PATH" in envs:
             script = f"export PATH={shlex.quote(envs['PATH'])}; {script}"
         try:
@@ -387,7 +426,9 @@ class E2BSandbox(RemoteShellSandbox):
                 script, background=True, envs=envs, cwd=self._cwd(cwd), timeout=0
             )
         except Exception as exc:
-            raise SandboxError(f"could not start {command!r} in e2b sandbox {self.id}: {exc}") from exc
+            raise SandboxError(
+                f"could not start {command!r} in e2b sandbox {self.id}: {exc}"
+            ) from exc
         job = E2BJob(self, handle, job_id, out, err)
         with self._lock:
             self._jobs.append(job)
@@ -397,19 +438,25 @@ class E2BSandbox(RemoteShellSandbox):
         try:
             self.sdk.files.write(path, data)
         except Exception as exc:
-            raise SandboxError(f"could not write {path} in e2b sandbox {self.id}: {exc}") from exc
+            raise SandboxError(
+                f"could not write {path} in e2b sandbox {self.id}: {exc}"
+            ) from exc
 
     def _get(self, path: str) -> bytes:
         try:
             return bytes(self.sdk.files.read(path, format="bytes"))
         except Exception as exc:
-            raise SandboxError(f"could not read {path} in e2b sandbox {self.id}: {exc}") from exc
+            raise SandboxError(
+                f"could not read {path} in e2b sandbox {self.id}: {exc}"
+            ) from exc
 
     def _destroy(self) -> None:
-        try:
+        from e2b import SandboxException
+
+        with contextlib.suppress(
+            SandboxException
+        ):  # gone already (its own timeout): fine
             self.sdk.kill()
-        except Exception:
-            pass  # already gone (its own timeout) is what we wanted
 
 
 class E2BSandboxBackend(SandboxBackend):
@@ -467,9 +514,11 @@ class E2BSandboxBackend(SandboxBackend):
 
     def create(self, spec: SandboxSpec) -> E2BSandbox:
         factory, api_key = self._sdk_factory()
-        kwargs: dict[str, Any] = dict(
-            template=spec.image or self.template, timeout=self.timeout_s, envs=self.envs
-        )
+        kwargs: dict[str, Any] = {
+            "template": spec.image or self.template,
+            "timeout": self.timeout_s,
+            "envs": self.envs,
+        }
         if api_key is not None:
             kwargs["api_key"] = api_key
         try:

@@ -32,7 +32,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from e2b import CommandExitException, CommandResult, TimeoutException
 from e2b.exceptions import FileNotFoundException, SandboxException
@@ -49,8 +49,12 @@ class CommandHandle:
         self._stdout: list[str] = []
         self._stderr: list[str] = []
         self._readers = [
-            threading.Thread(target=self._read, args=(proc.stdout, self._stdout), daemon=True),
-            threading.Thread(target=self._read, args=(proc.stderr, self._stderr), daemon=True),
+            threading.Thread(
+                target=self._read, args=(proc.stdout, self._stdout), daemon=True
+            ),
+            threading.Thread(
+                target=self._read, args=(proc.stderr, self._stderr), daemon=True
+            ),
         ]
         for reader in self._readers:
             reader.start()
@@ -66,7 +70,9 @@ class CommandHandle:
             chunks.append(decoder.decode(chunk))
         chunks.append(decoder.decode(b"", final=True))
 
-    def wait(self, on_pty: Any = None, on_stdout: Any = None, on_stderr: Any = None) -> CommandResult:
+    def wait(
+        self, on_pty: Any = None, on_stdout: Any = None, on_stderr: Any = None
+    ) -> CommandResult:
         for reader in self._readers:
             reader.join(self._timeout)
             if reader.is_alive():
@@ -79,7 +85,10 @@ class CommandHandle:
         exit_code = code if code >= 0 else -1  # Go's ExitCode() for a signal death
         if exit_code != 0:
             raise CommandExitException(
-                stdout=stdout, stderr=stderr, exit_code=exit_code, error=f"exit status {exit_code}"
+                stdout=stdout,
+                stderr=stderr,
+                exit_code=exit_code,
+                error=f"exit status {exit_code}",
             )
         return CommandResult(stdout=stdout, stderr=stderr, exit_code=0, error=None)
 
@@ -114,7 +123,16 @@ class Commands:
     ) -> Any:
         box = self.sandbox
         box.calls.append(
-            ("commands.run", dict(cmd=cmd, background=background, envs=envs, cwd=cwd, timeout=timeout))
+            (
+                "commands.run",
+                {
+                    "cmd": cmd,
+                    "background": background,
+                    "envs": envs,
+                    "cwd": cwd,
+                    "timeout": timeout,
+                },
+            )
         )
         if box.killed:
             raise SandboxException("sandbox was killed")
@@ -130,7 +148,11 @@ class Commands:
         box.procs.append(proc)
         handle = CommandHandle(proc, timeout)
         self.handles[proc.pid] = handle
-        return handle if background else handle.wait(on_stdout=on_stdout, on_stderr=on_stderr)
+        return (
+            handle
+            if background
+            else handle.wait(on_stdout=on_stdout, on_stderr=on_stderr)
+        )
 
     def kill(self, pid: int, request_timeout: float | None = None) -> bool:
         handle = self.handles.get(pid)
@@ -141,14 +163,18 @@ class Commands:
 class Filesystem:
     sandbox: Sandbox
 
-    def write(self, path: str, data: str | bytes, user: str | None = None, **_: Any) -> None:
-        self.sandbox.calls.append(("files.write", dict(path=path, size=len(data))))
+    def write(
+        self, path: str, data: str | bytes, user: str | None = None, **_: Any
+    ) -> None:
+        self.sandbox.calls.append(("files.write", {"path": path, "size": len(data)}))
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
 
-    def read(self, path: str, format: str = "text", user: str | None = None, **_: Any) -> Any:
-        self.sandbox.calls.append(("files.read", dict(path=path, format=format)))
+    def read(
+        self, path: str, format: str = "text", user: str | None = None, **_: Any
+    ) -> Any:
+        self.sandbox.calls.append(("files.read", {"path": path, "format": format}))
         try:
             data = Path(path).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -159,9 +185,11 @@ class Filesystem:
 class Sandbox:
     """`e2b.Sandbox`'s surface over a temp dir and host processes."""
 
-    created: list[Sandbox] = []  # every fake made, so tests can look inside
+    created: ClassVar[list[Sandbox]] = []  # every fake made, so tests can look inside
 
-    def __init__(self, template: str | None, timeout: int | None, envs: dict[str, str] | None) -> None:
+    def __init__(
+        self, template: str | None, timeout: int | None, envs: dict[str, str] | None
+    ) -> None:
         self.sandbox_id = f"fake-{uuid.uuid4().hex[:12]}"
         self.template, self.timeout = template, timeout
         self.root = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
@@ -193,7 +221,17 @@ class Sandbox:
         **opts: Any,
     ) -> Sandbox:
         box = cls(template, timeout, envs)
-        box.calls.append(("create", dict(template=template, timeout=timeout, envs=envs, api_key=api_key)))
+        box.calls.append(
+            (
+                "create",
+                {
+                    "template": template,
+                    "timeout": timeout,
+                    "envs": envs,
+                    "api_key": api_key,
+                },
+            )
+        )
         cls.created.append(box)
         return box
 

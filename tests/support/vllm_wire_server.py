@@ -105,7 +105,7 @@ class VLLMWireServer:
         top_k = int(body.get("top_k") or 0)
         sampling = SamplingParams(
             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-            top_k=0 if top_k < 0 else top_k, max_tokens=max_tokens, seed=body.get("seed"),
+            top_k=max(top_k, 0), max_tokens=max_tokens, seed=body.get("seed"),
             stop_token_ids=tuple(body.get("stop_token_ids") or ()),
         )
         chunks = self._choices(record, prompt, sampling, body)

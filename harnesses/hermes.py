@@ -1,0 +1,59 @@
+"""Hermes Agent (PyPI `hermes-agent`): Nous Research's agent with 16 tools (terminal,
+read_file, write_file, patch, search_files, execute_code, ...), speaking OpenAI Chat
+Completions to a custom provider. Installed into its own venv in the cache.
+
+Measured with 0.19.0 (tests/test_harness_hermes.py; shapes in tests/fixtures/hermes_requests.json):
+
+- The venv is ~230 MB and installs in ~35-50 s.
+- Pointed at us by `~/.hermes/config.yaml`: `model.provider: custom`, `model.base_url` (ends in
+  `/v1`), `model.api_key` (sent as `Authorization: Bearer`), `model.default` (our model) and
+  `model.context_length` (without it, it probes the server for one).
+- Requests: before each turn it probes the base URL for a server type and a context length:
+  `GET /api/v1/models`, `/api/tags`, `/v1/props`, `/props`, `/version` (httpx; the first round
+  without the Authorization header), and, before a later turn, `GET /v1/models`, `/models`
+  (requests). A 404 on each is fine. Then `POST /v1/chat/completions` (OpenAI Python SDK 2.24):
+  `stream: true`, `stream_options.include_usage`, `max_tokens` equal to the context length;
+  ~47 KB (16 tools); system prompt as a `system` message; user content a plain string; a
+  tool-call turn echoed with `content: ""` and compact re-serialized arguments; tool results
+  `role: "tool"` with a `name` and, as content, a JSON string
+  (`{"output": "", "exit_code": 0, "error": null}`).
+- Offline: `HERMES_DISABLE_LAZY_INSTALLS=1` (else it pip-installs optional tool dependencies at
+  start). Under strace it connects to nothing but the base URL.
+- `-z PROMPT` prints only the final answer on stdout; it reports no tool-call count.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
+
+
+class HermesHarness(HarnessSpec):
+    name = "hermes"
+    package = Package("pip", "hermes-agent", "0.19.0", bin="hermes")
+    dialect = "openai-chat"
+    shell_tool = "terminal"
+    env = {"HERMES_DISABLE_LAZY_INSTALLS": "1"}
+
+    def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
+        # A leading space keeps a task text that starts with "-" from being read as a flag.
+        if prompt[:1] == "-":
+            prompt = " " + prompt
+        return ["-z", prompt]
+
+    def config_files(self, endpoint: Endpoint) -> dict[str, str]:
+        # JSON scalars are valid YAML: no YAML library needed, and any key or URL is quoted.
+        model = {
+            "provider": "custom",
+            "base_url": endpoint.base_url.rstrip("/") + "/v1",
+            "api_key": endpoint.api_key,
+            "default": endpoint.model,
+            "context_length": endpoint.context_length,
+        }
+        lines = ["model:", *(f"  {key}: {json.dumps(value)}" for key, value in model.items())]
+        return {".hermes/config.yaml": "\n".join(lines) + "\n"}
+
+    def parse_output(self, stdout: str) -> HarnessOutput:
+        final = stdout.strip() or None
+        return HarnessOutput(final, None, tail(stdout))

@@ -1,0 +1,4 @@
+from .report import usage_table
+from .units import format_size
+
+__all__ = ["format_size", "usage_table"]

@@ -1,0 +1,80 @@
+"""`validate_task`: does a task's gold patch pass, every time? Catches flaky tasks before they
+reach training, where a test that passes by luck turns into reward noise.
+
+    report = validate_task(task, load_sandbox("bwrap"), runs=3)
+    report.ok, report.problems, report.flaky   # {test id: [status of run 1, 2, 3]}
+
+Each run gets a fresh sandbox (the materialized repo for a directory task, `image_name` for a
+dataset row), applies the gold patch and grades. A test whose status differs between runs is
+flaky; a run that is not `passed` is a problem; a gold patch that does not apply stops it at once.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness_gym.sandbox.base import SandboxBackend, SandboxSpec
+
+from .grader import GradeResult, PatchApplyError, apply_patch, grade
+from .loader import materialize
+from .task import Task
+
+__all__ = ["MISSING", "TaskValidation", "validate_task"]
+
+MISSING = "MISSING"  # a test that one run reported and another did not
+
+
+@dataclass
+class TaskValidation:
+    task_id: str
+    runs: list[GradeResult] = field(default_factory=list)
+    flaky: dict[str, list[str]] = field(default_factory=dict)  # test -> status in each run
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def validate_task(
+    task: Task,
+    backend: SandboxBackend,
+    *,
+    runs: int = 3,
+    timeout_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
+) -> TaskValidation:
+    """Grade the gold patch `runs` times in fresh sandboxes and compare per-test statuses.
+    `env` is added to the sandbox's environment (e.g. a PATH holding the right python)."""
+    report = TaskValidation(task.instance_id)
+    for number in range(1, runs + 1):
+        with tempfile.TemporaryDirectory(prefix="harness-gym-validate-") as scratch:
+            spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate")
+            if task.repo_dir is not None:
+                spec.repo = Path(scratch) / "repo"
+                materialize(task, spec.repo)
+            with backend.create(spec) as sandbox:
+                try:
+                    apply_patch(sandbox, task.patch)
+                except PatchApplyError as error:
+                    report.problems.append(f"the gold patch does not apply: {error}")
+                    return report
+                result = grade(task, sandbox, timeout_s=timeout_s)
+        report.runs.append(result)
+        if result.outcome != "passed":
+            why = result.error or f"failing: {', '.join(result.failing)}"
+            report.problems.append(f"run {number}: gold patch graded {result.outcome} ({why})")
+    seen = sorted({test for result in report.runs for test in result.tests})
+    for test in seen:
+        statuses = [str(result.tests.get(test, MISSING)) for result in report.runs]
+        if len(set(statuses)) > 1:
+            report.flaky[test] = statuses
+    if report.flaky:
+        report.problems.append(
+            f"{len(report.flaky)} test(s) changed status between identical runs (flaky): "
+            + ", ".join(sorted(report.flaky)[:10])
+        )
+    return report

@@ -1,0 +1,202 @@
+"""The hf backend: the shared conformance suite over a fake of `huggingface_hub.Sandbox`
+(tests/support/fake_hf_sandbox.py, which runs the SDK's commands on this host), what the
+backend asks of the SDK, the missing-token error, and the suite live where HF_TOKEN is set."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_conformance import SandboxConformance
+
+hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed")
+if not hasattr(hub, "Sandbox"):
+    pytest.skip(
+        "huggingface_hub has no Sandbox (needs >= 2.4)", allow_module_level=True
+    )
+
+from support import fake_hf_sandbox
+
+from harness_gym.sandbox import (
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    load_sandbox,
+)
+from harness_gym.sandbox.hf import HFSandbox, HFSandboxBackend
+
+
+def fake_backend(**options: object) -> HFSandboxBackend:
+    return HFSandboxBackend(sandbox_factory=fake_hf_sandbox.Sandbox.create, **options)  # type: ignore[arg-type]
+
+
+def sdk_of(box: Sandbox) -> fake_hf_sandbox.Sandbox:
+    assert isinstance(box, HFSandbox) and isinstance(box.sdk, fake_hf_sandbox.Sandbox)
+    return box.sdk
+
+
+class TestHFOverTheFakeSDK(SandboxConformance):
+    backend_name = "hf"
+    isolates_files = False  # the fake's "jobs" share this host's filesystem
+    signal_exit_codes = (137,)  # our wrapper shell reports a signal death as 128+n
+
+    @pytest.fixture
+    def backend(self) -> Iterator[SandboxBackend]:
+        backend = fake_backend()
+        yield backend
+        backend.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("HF_TOKEN"), reason="HF_TOKEN is not set: no live HF Jobs run"
+)
+class TestHFLive(SandboxConformance):
+    """The suite against real HF Jobs sandboxes (billed). Process censuses by pgrep look at this
+    host, where the job's processes never are, so they pass trivially."""
+
+    backend_name = "hf"
+    signal_exit_codes = (137,)
+
+    @pytest.fixture
+    def backend(self) -> Iterator[SandboxBackend]:
+        backend = HFSandboxBackend(
+            image=os.environ.get("HF_SANDBOX_IMAGE", "python:3.12")
+        )
+        yield backend
+        backend.close()
+
+
+# -- construction and tokens ----------------------------------------------------------------
+
+
+def test_the_hf_backend_is_found_by_its_entry_point_name() -> None:
+    assert isinstance(load_sandbox("hf"), HFSandboxBackend)
+
+
+def test_a_missing_token_is_named_at_create(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    if hub.get_token():
+        pytest.skip("a Hugging Face token is stored on this machine")
+    with pytest.raises(SandboxError, match="HF_TOKEN"):
+        HFSandboxBackend().create(SandboxSpec())
+
+
+def test_create_passes_image_flavor_idle_timeout_env_and_token_to_the_sdk() -> None:
+    backend = fake_backend(
+        image="img:1",
+        flavor="cpu-upgrade",
+        idle_timeout=120,
+        token="hf_t",
+        env={"X": "1"},
+    )
+    with (
+        backend.create(SandboxSpec()) as box,
+        backend.create(SandboxSpec(image="img:2")) as other,
+    ):
+        assert sdk_of(box).calls[0] == (
+            "create",
+            {
+                "image": "img:1",
+                "flavor": "cpu-upgrade",
+                "idle_timeout": 120,
+                "env": {"X": "1"},
+                "token": "hf_t",
+            },
+        )
+        assert sdk_of(other).image == "img:2"
+
+
+def test_the_harness_base_url_is_the_public_url_with_the_proxy_path() -> None:
+    backend = fake_backend(proxy_public_url="https://proxy.example.com")
+    assert (
+        backend.harness_base_url("http://127.0.0.1:8123/v1")
+        == "https://proxy.example.com/v1"
+    )
+    with pytest.raises(SandboxError, match="proxy_public_url"):
+        fake_backend().harness_base_url("http://127.0.0.1:8123/v1")
+
+
+# -- what each seam call asks of the SDK ----------------------------------------------------
+
+
+def test_exec_sends_an_argv_env_cwd_and_timeout_and_never_lets_the_sdk_raise() -> None:
+    with fake_backend().create(SandboxSpec(env={"SPEC": "s"})) as box:
+        box.exec("mkdir sub")
+        sdk = sdk_of(box)
+        sdk.calls.clear()
+        result = box.exec(
+            ["sh", "-c", "echo $CALL; exit 3"], cwd="sub", env={"CALL": "c"}, timeout=7
+        )
+        assert (result.exit_code, result.stdout) == (3, "c\n")
+        ((name, args),) = sdk.calls
+        assert name == "run" and args["shell"] is False and args["check"] is False
+        assert (
+            args["cmd"][:2] == ["bash", "-c"]
+            and "sh -c 'echo $CALL; exit 3'" in args["cmd"][2]
+        )
+        assert (args["cwd"], args["timeout"], args["background"]) == (
+            f"{box.workdir}/sub",
+            7,
+            False,
+        )
+        assert args["env"]["SPEC"] == "s" and args["env"]["CALL"] == "c"
+        assert args["env"]["HOME"] == box.home
+
+
+def test_a_timeout_the_sdk_reports_is_a_timed_out_result() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        result = box.exec("echo partial; sleep 30", timeout=0.3)
+        assert (result.exit_code, result.timed_out, result.stdout) == (
+            124,
+            True,
+            "partial\n",
+        )
+
+
+def test_start_runs_in_the_background_and_waits_by_listing_processes() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        sdk_of(box).calls.clear()
+        job = box.start("echo hi; exit 5", env={"J": "1"})
+        result = job.wait(10)
+        assert (result.exit_code, result.stdout) == (5, "hi\n")
+        name, args = sdk_of(box).calls[0]
+        assert (name, args["background"], args["env"]["J"]) == ("run", True, "1")
+        assert ("processes", {}) in sdk_of(box).calls
+
+
+def test_start_writes_stdout_where_asked() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(
+            10
+        )
+        assert result.stdout == "to-file\n" and result.stderr == "e\n"
+        assert box.read_file("logs/run.out") == b"to-file\n"
+
+
+def test_files_go_through_the_sdk_at_workdir_relative_paths() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        sdk_of(box).calls.clear()
+        box.write_file("a/b.txt", "text")
+        assert box.read_file("a/b.txt") == b"text"
+        files = [(n, a) for n, a in sdk_of(box).calls if n.startswith("files.")]
+        assert files == [
+            (
+                "files.write",
+                {"path": f"{box.workdir}/a/b.txt", "size": 4, "mode": None},
+            ),
+            ("files.read", {"path": f"{box.workdir}/a/b.txt"}),
+        ]
+
+
+def test_close_kills_the_job_once() -> None:
+    box = fake_backend().create(SandboxSpec())
+    box.close()
+    box.close()
+    assert [name for name, _ in sdk_of(box).calls].count("kill") == 1
