@@ -166,10 +166,7 @@ def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
         assert (args["cwd"], args["timeout"]) == (f"{box.workdir}/sub", 7)
         assert args["envs"]["SPEC"] == "s" and args["envs"]["CALL"] == "c"
         assert args["envs"]["HOME"] == box.home
-        assert (
-            "'sh' -c 'echo $CALL; exit 3'" in args["cmd"]
-            or "sh -c 'echo $CALL; exit 3'" in args["cmd"]
-        )
+        assert "{ sh -c 'echo $CALL; exit 3' ; }" in args["cmd"]
 
 
 def test_exec_without_a_timeout_asks_the_sdk_for_none_not_its_60_s_default() -> None:

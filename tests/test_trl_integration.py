@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -161,3 +162,17 @@ def test_task_dataset_has_a_prompt_and_task_id_per_row():
     rows = task_dataset("builtin", repeat=2, conversational=True)
     assert len(rows) == 2 * n_tasks and rows.column_names == ["prompt", "task_id"]
     assert rows[0]["prompt"][0]["role"] == "user"
+
+
+def test_an_engine_spec_serves_the_rollouts_instead_of_the_trainers_model():
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    trainer = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer
+        model=None, num_generations=2, state=SimpleNamespace(global_step=7),
+        args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=256))
+    with make_rollout_func(harness="pi", engine="oracle", tasks="builtin") as rollout:
+        task = rollout.tasks[0]
+        out = rollout([task.instance_id] * 2, trainer)
+    assert out["outcome"] == ["passed", "passed"] and min(out["reward"]) > 0.9
+    assert out["policy_version"] == [7, 7] and out["task_id"] == [task.instance_id] * 2
+    assert all(0 in mask and 1 in mask for mask in out["env_mask"])  # the tool result is masked

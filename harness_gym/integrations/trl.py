@@ -144,10 +144,10 @@ class HarnessRolloutFunc:
         group = self._group_size(tasks, trainer)
         self._close_at_train_end(trainer)
         model = _unwrap(trainer)
-        engine = self._resolve_engine(trainer, model)
+        envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
+        engine = envs.unwrapped.engine  # the Engine object, whichever way it was given
         version = int(trainer.state.global_step)
         engine.policy_version = version
-        envs = self._env(len(tasks), group, engine, trainer)
         envs.reset(options={"task_ids": [t.instance_id for t in tasks[::group]]})
         training = model.training if model is not None else False
         if model is not None and self._engine is not None:

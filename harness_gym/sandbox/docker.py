@@ -100,7 +100,8 @@ true
 # A byte relay, run both on the host (unix socket -> the proxy's TCP port) and in the container
 # (127.0.0.1:port -> the unix socket). Addresses: unix:/path or tcp:host:port. With --fork it
 # returns once listening and serves from a child (the in-container exec returns when ready);
-# without, it prints "ready" (the host relay, a subprocess killed at close).
+# without, it prints "ready" and exits when its stdin closes (the host relay: killed at close,
+# and gone with its owner when a SIGKILL leaves no chance to close).
 _RELAY = r"""
 import os, socket, sys, threading
 def addr(a):
@@ -121,6 +122,10 @@ if "--fork" in sys.argv:
     os.setsid()
 else:
     print("ready", flush=True)
+    def orphaned():  # the host relay ends with its owner: stdin closes when the owner dies
+        sys.stdin.buffer.read()
+        os._exit(0)
+    threading.Thread(target=orphaned, daemon=True).start()
 def pump(a, b):
     try:
         while data := a.recv(65536):
@@ -551,7 +556,7 @@ class DockerSandbox(Sandbox):
         relay = subprocess.Popen(
             [sys.executable, "-c", _RELAY, f"unix:{self._run_dir / name}", f"tcp:{host}:{port}"],
             stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # never written: its EOF tells the relay we are gone
             start_new_session=True,
         )
         assert relay.stdout is not None

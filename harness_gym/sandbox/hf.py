@@ -21,14 +21,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
-from .e2b import (
+from ._remote import (
     KILLED_EXIT_CODE,
     TIMEOUT_EXIT_CODE,
     RemoteShellSandbox,
     job_script,
     public_base_url,
 )
+from .base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 
 NEEDED_VERSION = "huggingface_hub>=2.4"
 

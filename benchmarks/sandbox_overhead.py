@@ -1,0 +1,150 @@
+"""What a sandbox and the grader cost, side by side in one run.
+
+1. Sandbox lifecycle: `create` (a materialized task repo copied in) + one `exec` of `true` +
+   `close`, per installed backend (`local`, `bwrap`; `docker` when a daemon answers; any backend
+   that cannot start here is listed as skipped, with why).
+2. Grading: `grade()` of a gold-patched built-in task through each backend vs the same pytest
+   command run directly in a plain checkout that already holds the gold and test patches (the
+   floor: what running the tests costs with no grader at all). The grader also captures the
+   patch, resets the test files, applies the test patch and parses the log.
+
+    python benchmarks/sandbox_overhead.py [--repeats 10] [--tasks 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness_gym.sandbox import available_sandboxes, load_sandbox  # noqa: E402
+from harness_gym.sandbox.base import SandboxSpec  # noqa: E402
+from harness_gym.tasks import Task, apply_patch, grade, load_tasks, materialize  # noqa: E402
+
+# The sandboxes run the tasks' `python -m pytest`: this interpreter (it has pytest) goes first.
+PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def lifecycle(backend_name: str, task: Task, repeats: int) -> tuple[float, float, float]:
+    """Median create, exec and close times (ms) for one backend."""
+    backend = load_sandbox(backend_name)
+    create, run, close = [], [], []
+    try:
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as scratch:
+                repo = Path(scratch) / "repo"
+                materialize(task, repo)
+                started = time.perf_counter()
+                sandbox = backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="bench"))
+                created = time.perf_counter()
+                result = sandbox.exec("true")
+                ran = time.perf_counter()
+                sandbox.close()
+                closed = time.perf_counter()
+                if result.exit_code != 0:
+                    raise RuntimeError(f"`true` exited {result.exit_code}: {result.stderr}")
+                create.append(created - started)
+                run.append(ran - created)
+                close.append(closed - ran)
+    finally:
+        backend.close()
+    return median_ms(create), median_ms(run), median_ms(close)
+
+
+def direct_pytest_s(task: Task, repeats: int) -> float:
+    """The task's test command, run directly in a checkout holding both patches."""
+    samples = []
+    with tempfile.TemporaryDirectory() as scratch:
+        repo = Path(scratch) / "repo"
+        materialize(task, repo)
+        for diff in (task.patch, task.test_patch):
+            subprocess.run(["git", "apply", "-"], input=diff, text=True, cwd=repo, check=True)
+        env = {**os.environ, **PATH_ENV}
+        for _ in range(repeats):
+            started = time.perf_counter()
+            subprocess.run(task.test_cmd, shell=True, cwd=repo, env=env, capture_output=True)
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def graded_s(backend_name: str, task: Task, repeats: int) -> tuple[float, float]:
+    """Median `grade()` time and median create + apply gold + grade + close time (s)."""
+    backend = load_sandbox(backend_name)
+    grading, total = [], []
+    try:
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as scratch:
+                repo = Path(scratch) / "repo"
+                materialize(task, repo)
+                started = time.perf_counter()
+                with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="bench")) as box:
+                    apply_patch(box, task.patch, allow_fuzz=False)
+                    grade_started = time.perf_counter()
+                    result = grade(task, box, timeout_s=300)
+                    grading.append(time.perf_counter() - grade_started)
+                total.append(time.perf_counter() - started)
+                if result.outcome != "passed":
+                    raise RuntimeError(f"{task.instance_id} graded {result.outcome}: {result.error}")
+    finally:
+        backend.close()
+    return statistics.median(grading), statistics.median(total)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=3, help="built-in tasks to grade")
+    args = parser.parse_args()
+    tasks = load_tasks("builtin")[: args.tasks]
+
+    print(f"1. sandbox lifecycle, median of {args.repeats} (ms)")
+    print(f"   {'backend':<8} {'create':>8} {'exec true':>10} {'close':>8} {'total':>8}")
+    working: list[str] = []
+    for name in available_sandboxes():
+        try:
+            create, run, close = lifecycle(name, tasks[0], args.repeats)
+        except Exception as error:  # a backend that cannot start here: say why, move on
+            print(f"   {name:<8} skipped: {type(error).__name__}: {str(error)[:100]}")
+            continue
+        working.append(name)
+        total = create + run + close
+        print(f"   {name:<8} {create:8.1f} {run:10.1f} {close:8.1f} {total:8.1f}")
+
+    print(f"\n2. grading a gold-patched task vs its pytest command run directly, median of "
+          f"{args.repeats} (s; ratio = grade / direct)")
+    header = f"   {'task':<26} {'direct':>7}"
+    for name in working:
+        header += f" | {name + ' grade':>12} {'ratio':>6} {'+create/close':>13}"
+    print(header)
+    ratios: dict[str, list[float]] = {name: [] for name in working}
+    for task in tasks:
+        direct = direct_pytest_s(task, args.repeats)
+        row = f"   {task.instance_id:<26} {direct:7.3f}"
+        for name in working:
+            try:
+                grading, total = graded_s(name, task, args.repeats)
+            except Exception as error:
+                row += f" | {'failed: ' + type(error).__name__:>34}"
+                continue
+            ratios[name].append(grading / direct)
+            row += f" | {grading:12.3f} {grading / direct:6.2f} {total:13.3f}"
+        print(row)
+    for name, values in ratios.items():
+        if values:
+            print(f"   {name}: grade() takes {statistics.median(values):.2f}x the bare test run")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Claude Code (`@anthropic-ai/claude-code`): Anthropic's coding agent, speaking Anthropic
+Messages (always streaming) to `ANTHROPIC_BASE_URL`.
+
+Measured with 2.1.328 (tests/test_harness_claude_code.py; one request pair in
+tests/fixtures/claude_code_requests.json):
+
+- Installs in ~5 s (357 MB: per-platform native binaries).
+- Pointed at us by the environment: `ANTHROPIC_BASE_URL` (the server root; the SDK appends
+  `/v1/messages`), `ANTHROPIC_API_KEY` (sent as `x-api-key`), `ANTHROPIC_MODEL` and
+  `ANTHROPIC_DEFAULT_HAIKU_MODEL` (else background calls name a Haiku model we do not serve).
+  An unknown model name only logs `[claude-code:unrecognized_model]` on stderr.
+  `CLAUDE_CODE_MAX_OUTPUT_TOKENS` sets `max_tokens` (default 32000).
+- Requests (`User-Agent: claude-cli/2.1.328 (external, sdk-cli)`, Anthropic JS SDK 0.128,
+  `anthropic-version: 2023-06-01`, an `anthropic-beta` list of 8 betas,
+  `X-Claude-Code-Session-Id`): only `POST /v1/messages?beta=true`, no probes seen in this
+  version; `stream: true`, `thinking: {"type": "adaptive", ...}`, `context_management`,
+  `output_config`, `metadata.user_id` (a JSON string); `system` as 3 text blocks (two with
+  `cache_control`); ~49 KB with 12 tools (Bash, Read, Edit, Write, Agent, ...). The user turn
+  holds 2 text blocks (a `<system-reminder>` and the prompt), followed by a `role: "system"`
+  message inside `messages`; the tool call is echoed as a parsed `tool_use` block and its
+  result is a `tool_result` block with `cache_control` ("(Bash completed with no output)").
+- Offline: `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` (no telemetry, update checks, or
+  feedback surveys); under strace it connects to nothing but the base URL. As root it refuses
+  `--dangerously-skip-permissions` unless `IS_SANDBOX=1`, which is harmless for other users.
+- `--output-format stream-json --verbose` prints one JSON event a line: `system` (init),
+  `assistant`/`user` messages, and a final `result` with `result`, `num_turns`, `is_error`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
+from .pi import _json_object
+
+
+class ClaudeCodeHarness(HarnessSpec):
+    name = "claude-code"
+    package = Package("npm", "@anthropic-ai/claude-code", "2.1.328", bin="claude")
+    dialect = "anthropic-messages"
+    shell_tool = "Bash"
+    env = {
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "IS_SANDBOX": "1",
+    }
+
+    def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
+        # `-p` takes the next argument as the prompt, so a leading "-" is safe only with a space.
+        if prompt[:1] == "-":
+            prompt = " " + prompt
+        return [
+            "-p", prompt,
+            "--output-format", "stream-json", "--verbose",
+            "--dangerously-skip-permissions",
+        ]
+
+    def endpoint_env(self, endpoint: Endpoint) -> dict[str, str]:
+        return {
+            "ANTHROPIC_BASE_URL": endpoint.base_url.rstrip("/"),
+            "ANTHROPIC_API_KEY": endpoint.api_key,
+            "ANTHROPIC_MODEL": endpoint.model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": endpoint.model,
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(endpoint.max_tokens),
+        }
+
+    def parse_output(self, stdout: str) -> HarnessOutput:
+        final: str | None = None
+        error: str | None = None
+        n_tool_calls: int | None = None
+        for line in stdout.splitlines():
+            event = _json_object(line)
+            if event is None:
+                continue
+            kind = event.get("type")
+            if kind == "system" and event.get("subtype") == "init":
+                n_tool_calls = n_tool_calls or 0
+            elif kind == "assistant":
+                n_tool_calls = (n_tool_calls or 0) + sum(
+                    1 for block in _content(event) if block.get("type") == "tool_use"
+                )
+            elif kind == "result":
+                final = event.get("result") or None
+                if event.get("is_error"):
+                    error = final or event.get("subtype") or "error"
+                    final = None
+        return HarnessOutput(final, n_tool_calls, tail(stdout), error)
+
+
+def _content(event: dict[str, Any]) -> list[dict[str, Any]]:
+    content = (event.get("message") or {}).get("content")
+    return [block for block in content or [] if isinstance(block, dict)]

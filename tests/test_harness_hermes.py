@@ -1,0 +1,144 @@
+"""Hermes Agent, for real: installed from PyPI into its own venv in a fresh cache, run headless
+in a local sandbox against a scripted OpenAI Chat Completions server, its requests recorded.
+
+Set HARNESS_GYM_UPDATE_FIXTURES=1 to rewrite tests/fixtures/hermes_requests.json from this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness_gym.harness import Endpoint, load_harness
+from harness_gym.harnesses.hermes import HermesHarness
+from harness_gym.sandbox import SandboxSpec
+from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
+from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
+
+FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
+PROBE = "echo hello > probe.txt"
+CHAT = ("POST", "/v1/chat/completions")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("harness-cache")
+    HermesHarness().install(cache)
+    return cache
+
+
+@pytest.fixture
+def box() -> Iterator[LocalSandbox]:
+    with LocalSandboxBackend().create(SandboxSpec()) as sandbox:
+        yield sandbox
+
+
+def test_hermes_is_found_by_its_entry_point_name() -> None:
+    harness = load_harness("hermes")
+    assert isinstance(harness, HermesHarness)
+    assert (harness.dialect, harness.shell_tool) == ("openai-chat", "terminal")
+
+
+@pytest.mark.slow
+def test_hermes_runs_an_episode_against_a_scripted_openai_server(
+    cache: Path, box: LocalSandbox
+) -> None:
+    harness = HermesHarness()
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
+        result = harness.launch(box, endpoint, "Write hello into probe.txt.",
+                                cache_dir=cache).wait(timeout=180)
+
+    assert result.exit_code == 0, result.stderr
+    assert box.read_file("probe.txt") == b"hello\n"
+    output = harness.parse_output(result.stdout)
+    assert (output.final_message, output.error) == ("done", None)
+
+    # Probes (GET, answered 404) come before each turn; two chat calls on our /v1 route.
+    calls = [(r.method, r.path) for r in server.requests]
+    assert calls.count(CHAT) == 2
+    assert {m for m, p in calls if (m, p) != CHAT} == {"GET"}
+    assert ("GET", "/api/v1/models") in calls
+    first, second = server.chat_requests()
+    assert first.headers["Authorization"] == "Bearer session-key-1"
+    assert first.body["stream"] is True and first.body["model"] == "policy"
+    assert first.body["messages"][1] == {"role": "user", "content": "Write hello into probe.txt."}
+
+    # The tool result comes back as a JSON string, with the tool's name.
+    assert second.body["messages"][:2] == first.body["messages"]
+    call_turn, tool_turn = second.body["messages"][2:]
+    assert call_turn["role"] == "assistant" and call_turn["content"] == ""
+    (call,) = call_turn["tool_calls"]
+    assert call["function"]["name"] == "terminal"
+    assert json.loads(call["function"]["arguments"]) == {"command": PROBE}
+    assert (tool_turn["role"], tool_turn["name"]) == ("tool", "terminal")
+    assert json.loads(tool_turn["content"])["exit_code"] == 0
+
+    recorded = [_portable(r, box, cache) for r in server.chat_requests()]
+    if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
+        FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
+    assert _shape(recorded) == _shape(json.loads(FIXTURE.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_hermes_connects_to_nothing_but_the_base_url(cache: Path, box: LocalSandbox) -> None:
+    harness = HermesHarness()
+    log = box.root / "connect.log"
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        plan = harness.prepare(box, Endpoint(server.base_url, "key"), "hi", cache_dir=cache)
+        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
+        assert box.start(argv, env=plan.env).wait(timeout=180).exit_code == 0
+    inet = [line for line in log.read_text().splitlines() if "AF_INET" in line]
+    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
+    assert targets == {(str(server.port), "127.0.0.1")}
+
+
+def test_the_config_points_hermes_at_the_endpoint() -> None:
+    endpoint = Endpoint("http://127.0.0.1:8123/", "se:ss #1", model="m", context_length=1000)
+    text = HermesHarness().config_files(endpoint)[".hermes/config.yaml"]
+    assert text == (
+        "model:\n"
+        '  provider: "custom"\n'
+        '  base_url: "http://127.0.0.1:8123/v1"\n'
+        '  api_key: "se:ss #1"\n'
+        '  default: "m"\n'
+        "  context_length: 1000\n"
+    )
+
+
+def test_a_prompt_that_looks_like_a_flag_stays_a_message() -> None:
+    endpoint = Endpoint("http://127.0.0.1:9", "key")
+    assert HermesHarness().args(endpoint, "--help me") == ["-z", " --help me"]
+    assert HermesHarness().args(endpoint, "fix it") == ["-z", "fix it"]
+
+
+def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
+    text = json.dumps({"method": request.method, "path": request.path,
+                       "headers": request.headers, "body": request.body})
+    text = text.replace(box.workdir, "<workdir>").replace(box.home, "<home>")
+    text = text.replace(str(cache), "<harness-cache>")
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
+    text = re.sub(r"Conversation started: [^\\]+", "Conversation started: <date>", text)
+    return json.loads(text)
+
+
+def _shape(requests: list[dict[str, Any]]) -> list[Any]:
+    return [
+        {
+            "path": r["path"],
+            "headers": sorted(k.lower() for k in r["headers"]),
+            "fields": sorted(r["body"]),
+            "messages": [(m["role"], sorted(m), type(m.get("content")).__name__)
+                         for m in r["body"]["messages"]],
+            "tools": [t["function"]["name"] for t in r["body"]["tools"]],
+        }
+        for r in requests
+    ]
