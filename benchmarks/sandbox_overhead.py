@@ -1,5 +1,8 @@
 """What a sandbox and the grader cost, side by side in one run.
 
+Figures are best-of-N (the least disturbed by other load); grading rows interleave the direct
+run and every backend so that load hits them alike.
+
 1. Sandbox lifecycle: `create` (a materialized task repo copied in) + one `exec` of `true` +
    `close`, per installed backend (`local`, `bwrap`; `docker` when a daemon answers; any backend
    that cannot start here is listed as skipped, with why).
@@ -26,19 +29,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness_gym.sandbox import available_sandboxes, load_sandbox  # noqa: E402
-from harness_gym.sandbox.base import SandboxSpec  # noqa: E402
+from harness_gym.sandbox.base import SandboxBackend, SandboxSpec  # noqa: E402
 from harness_gym.tasks import Task, apply_patch, grade, load_tasks, materialize  # noqa: E402
 
 # The sandboxes run the tasks' `python -m pytest`: this interpreter (it has pytest) goes first.
 PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
+def best_ms(samples: list[float]) -> float:
+    return min(samples) * 1000
 
 
 def lifecycle(backend_name: str, task: Task, repeats: int) -> tuple[float, float, float]:
-    """Median create, exec and close times (ms) for one backend."""
+    """Best create, exec and close times (ms) for one backend."""
     backend = load_sandbox(backend_name)
     create, run, close = [], [], []
     try:
@@ -60,46 +63,38 @@ def lifecycle(backend_name: str, task: Task, repeats: int) -> tuple[float, float
                 close.append(closed - ran)
     finally:
         backend.close()
-    return median_ms(create), median_ms(run), median_ms(close)
+    return best_ms(create), best_ms(run), best_ms(close)
 
 
-def direct_pytest_s(task: Task, repeats: int) -> float:
+def direct_pytest_s(task: Task) -> float:
     """The task's test command, run directly in a checkout holding both patches."""
-    samples = []
     with tempfile.TemporaryDirectory() as scratch:
         repo = Path(scratch) / "repo"
         materialize(task, repo)
         for diff in (task.patch, task.test_patch):
             subprocess.run(["git", "apply", "-"], input=diff, text=True, cwd=repo, check=True)
-        env = {**os.environ, **PATH_ENV}
-        for _ in range(repeats):
-            started = time.perf_counter()
-            subprocess.run(task.test_cmd, shell=True, cwd=repo, env=env, capture_output=True)
-            samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
+        started = time.perf_counter()
+        subprocess.run(
+            task.test_cmd, shell=True, cwd=repo, env={**os.environ, **PATH_ENV}, capture_output=True
+        )
+        return time.perf_counter() - started
 
 
-def graded_s(backend_name: str, task: Task, repeats: int) -> tuple[float, float]:
-    """Median `grade()` time and median create + apply gold + grade + close time (s)."""
-    backend = load_sandbox(backend_name)
-    grading, total = [], []
-    try:
-        for _ in range(repeats):
-            with tempfile.TemporaryDirectory() as scratch:
-                repo = Path(scratch) / "repo"
-                materialize(task, repo)
-                started = time.perf_counter()
-                with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="bench")) as box:
-                    apply_patch(box, task.patch, allow_fuzz=False)
-                    grade_started = time.perf_counter()
-                    result = grade(task, box, timeout_s=300)
-                    grading.append(time.perf_counter() - grade_started)
-                total.append(time.perf_counter() - started)
-                if result.outcome != "passed":
-                    raise RuntimeError(f"{task.instance_id} graded {result.outcome}: {result.error}")
-    finally:
-        backend.close()
-    return statistics.median(grading), statistics.median(total)
+def graded_s(backend: SandboxBackend, task: Task) -> tuple[float, float]:
+    """`grade()` time and create + apply gold + grade + close time (s)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        repo = Path(scratch) / "repo"
+        materialize(task, repo)
+        started = time.perf_counter()
+        with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="bench")) as box:
+            apply_patch(box, task.patch, allow_fuzz=False)
+            grade_started = time.perf_counter()
+            result = grade(task, box, timeout_s=300)
+            grading = time.perf_counter() - grade_started
+        total = time.perf_counter() - started
+    if result.outcome != "passed":
+        raise RuntimeError(f"{task.instance_id} graded {result.outcome}: {result.error}")
+    return grading, total
 
 
 def main() -> None:
@@ -109,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     tasks = load_tasks("builtin")[: args.tasks]
 
-    print(f"1. sandbox lifecycle, median of {args.repeats} (ms)")
+    print(f"1. sandbox lifecycle, best of {args.repeats} (ms)")
     print(f"   {'backend':<8} {'create':>8} {'exec true':>10} {'close':>8} {'total':>8}")
     working: list[str] = []
     for name in available_sandboxes():
@@ -122,25 +117,44 @@ def main() -> None:
         total = create + run + close
         print(f"   {name:<8} {create:8.1f} {run:10.1f} {close:8.1f} {total:8.1f}")
 
-    print(f"\n2. grading a gold-patched task vs its pytest command run directly, median of "
-          f"{args.repeats} (s; ratio = grade / direct)")
+    print(
+        f"\n2. grading a gold-patched task vs its pytest command run directly, best of "
+        f"{args.repeats}, interleaved (s; ratio = grade / direct)"
+    )
     header = f"   {'task':<26} {'direct':>7}"
     for name in working:
         header += f" | {name + ' grade':>12} {'ratio':>6} {'+create/close':>13}"
     print(header)
+    backends = {name: load_sandbox(name) for name in working}
     ratios: dict[str, list[float]] = {name: [] for name in working}
-    for task in tasks:
-        direct = direct_pytest_s(task, args.repeats)
-        row = f"   {task.instance_id:<26} {direct:7.3f}"
-        for name in working:
-            try:
-                grading, total = graded_s(name, task, args.repeats)
-            except Exception as error:
-                row += f" | {'failed: ' + type(error).__name__:>34}"
-                continue
-            ratios[name].append(grading / direct)
-            row += f" | {grading:12.3f} {grading / direct:6.2f} {total:13.3f}"
-        print(row)
+    try:
+        for task in tasks:
+            # Interleaved and best-of: other load on the machine hits every column alike.
+            direct: list[float] = []
+            graded: dict[str, list[tuple[float, float]]] = {name: [] for name in working}
+            failed: dict[str, str] = {}
+            for _ in range(args.repeats):
+                direct.append(direct_pytest_s(task))
+                for name, backend in backends.items():
+                    if name in failed:
+                        continue
+                    try:
+                        graded[name].append(graded_s(backend, task))
+                    except Exception as error:
+                        failed[name] = f"failed: {type(error).__name__}"
+            row = f"   {task.instance_id:<26} {min(direct):7.3f}"
+            for name in working:
+                if name in failed:
+                    row += f" | {failed[name]:>34}"
+                    continue
+                grading = min(g for g, _ in graded[name])
+                total = min(t for _, t in graded[name])
+                ratios[name].append(grading / min(direct))
+                row += f" | {grading:12.3f} {grading / min(direct):6.2f} {total:13.3f}"
+            print(row)
+    finally:
+        for backend in backends.values():
+            backend.close()
     for name, values in ratios.items():
         if values:
             print(f"   {name}: grade() takes {statistics.median(values):.2f}x the bare test run")

@@ -132,7 +132,8 @@ def test_the_config_points_opencode_at_the_endpoint() -> None:
 def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
     text = json.dumps({"method": request.method, "path": request.path,
                        "headers": request.headers, "body": request.body})
-    text = text.replace(box.workdir, "<workdir>").replace(str(cache), "<harness-cache>")
+    text = text.replace(box.workdir, "<workdir>").replace(str(box.root), "<root>")
+    text = text.replace(str(cache), "<harness-cache>")
     text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
     text = re.sub(r"ses_[0-9A-Za-z]+", "<session>", text)
     text = re.sub(r"Today's date: [^\\]+", "Today's date: <date>", text)

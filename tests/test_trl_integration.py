@@ -169,7 +169,7 @@ def test_an_engine_spec_serves_the_rollouts_instead_of_the_trainers_model():
         pytest.skip("Pi installs with npm")
     trainer = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer
         model=None, num_generations=2, state=SimpleNamespace(global_step=7),
-        args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=256))
+        args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=4096))
     with make_rollout_func(harness="pi", engine="oracle", tasks="builtin") as rollout:
         task = rollout.tasks[0]
         out = rollout([task.instance_id] * 2, trainer)

@@ -562,12 +562,14 @@ class DockerSandbox(Sandbox):
         assert relay.stdout is not None
         if relay.stdout.readline().strip() != b"ready":
             relay.kill()
+            relay.communicate()
             raise SandboxError(f"could not relay {self._run_dir / name} to {host}:{port}")
         inside = f"unix:{self.root}/run/{name}"
         forward = ["python3", "-c", _RELAY, f"tcp:127.0.0.1:{port}", inside, "--fork"]
         result = self.container.exec_run(forward)
         if result.exit_code != 0:
             relay.kill()
+            relay.communicate()
             raise SandboxError(
                 f"could not start the proxy forwarder in the container (does the image have"
                 f" python3?): {result.output.decode(errors='replace')[-500:]}"
@@ -588,7 +590,7 @@ class DockerSandbox(Sandbox):
                 pass
         for relay in relays:
             relay.kill()
-            relay.wait()
+            relay.communicate()  # reaps it and closes its pipes
         _rmtree(self._run_dir)
 
 
