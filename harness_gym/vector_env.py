@@ -27,6 +27,12 @@ Groups: with `group_size=G`, sub-envs `[k*G, (k+1)*G)` get the same task at ever
 GRPO group); the seeded RNG draws one task per group. `harness` may be a list, one per sub-env
 (cycled when shorter): each distinct harness gets its own `EpisodeRunner` on the shared proxy,
 and `infos["harness"]` says which ran.
+
+`executor="ray"` runs each step's episodes on a Ray cluster instead of local threads: one
+`NodeRunner` actor per node, each with its own proxy in front of the engine, which must then be a
+spec string (`vllm:URL` on a real cluster). `ray_address` joins a running cluster; without it a
+local one starts, with `ray_init` as extra `ray.init` keywords. Infos are the same either way.
+See `harness_gym.ray_executor`.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any, ClassVar, Self
 
 import gymnasium as gym
@@ -47,6 +53,7 @@ from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
 from .episode import EpisodeResult, EpisodeRunner
 from .harness import HarnessSpec, load_harness
 from .proxy import InterceptionProxy
+from .ray_executor import RayEpisodeExecutor
 from .rewards import RewardConfig
 from .sandbox import SandboxBackend, load_sandbox
 from .tasks.loader import TaskSpec, load_tasks
@@ -74,12 +81,17 @@ class HarnessVectorEnv(VectorEnv):
         group_size: int = 1,
         sampling: dict[str, Any] | None = None,
         progress: bool = True,
+        executor: str = "threads",
+        ray_address: str | None = None,
+        ray_init: dict[str, Any] | None = None,
     ) -> None:
         if num_envs < 1 or group_size < 1 or num_envs % group_size:
             raise ValueError(f"num_envs={num_envs} must be a positive multiple of "
                              f"group_size={group_size}")
         if episode_timeout_s <= 0 or test_timeout_s <= 0:
             raise ValueError("episode_timeout_s and test_timeout_s must be positive")
+        if executor not in ("threads", "ray"):
+            raise ValueError(f"executor is 'threads' or 'ray', got {executor!r}")
         harnesses = list(harness) if isinstance(harness, (list, tuple)) else [harness]
         if not harnesses:
             raise ValueError("harness must name at least one harness")
@@ -104,11 +116,22 @@ class HarnessVectorEnv(VectorEnv):
         self._runners: dict[str, EpisodeRunner] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._current: list[Task] | None = None
+        self._executor = executor
+        self._ray_options = {"address": ray_address, "init_kwargs": ray_init}
+        self._ray: RayEpisodeExecutor | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._runners:
+        if self._runners or self._ray is not None:
+            return
+        if self._executor == "ray":
+            self._ray = RayEpisodeExecutor(
+                engine=self._engine_spec, harnesses=self.harnesses, sandbox=self._sandbox_spec,
+                reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
+                test_timeout_s=self._test_timeout_s, max_episodes_per_node=self.num_envs,
+                **self._ray_options,
+            )
             return
         engine = load_engine(self._engine_spec)
         if hasattr(engine, "add_tasks"):  # the oracle needs to know the answers
@@ -128,10 +151,15 @@ class HarnessVectorEnv(VectorEnv):
 
     @property
     def engine(self) -> Engine:
+        if self._executor == "ray":
+            raise AttributeError("with executor='ray' each node's actor loads its own engine")
         self._start()
         return next(iter(self._runners.values())).proxy.engine
 
     def close_extras(self, **kwargs: Any) -> None:
+        ray_executor, self._ray = self._ray, None
+        if ray_executor is not None:
+            ray_executor.close()
         runners, self._runners = list(self._runners.values()), {}
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -170,8 +198,8 @@ class HarnessVectorEnv(VectorEnv):
         per_env = self._split_actions(actions)
         tasks, self._current = self._current, None
         futures = {
-            self._pool.submit(self._runners[self.harnesses[i].name].run, tasks[i],
-                              sampling=sampling, policy_version=version): i
+            self._submit(self.harnesses[i].name, tasks[i], sampling=sampling,
+                         policy_version=version): i
             for i, (sampling, version) in enumerate(per_env)
         }
         results: list[EpisodeResult | None] = [None] * self.num_envs
@@ -191,6 +219,11 @@ class HarnessVectorEnv(VectorEnv):
         return self._observations(), rewards, terminations, truncations, batch_infos(episodes)
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _submit(self, harness: str, task: Task, **kwargs: Any) -> Future[EpisodeResult]:
+        if self._ray is not None:
+            return self._ray.submit(harness, task, **kwargs)
+        return self._pool.submit(self._runners[harness].run, task, **kwargs)
 
     def _draw_tasks(self, task_ids: Sequence[str] | None) -> list[Task]:
         n_groups = self.num_envs // self.group_size

@@ -19,7 +19,9 @@ Measured with 0.19.0 (tests/test_harness_hermes.py; shapes in tests/fixtures/her
   (`{"output": "", "exit_code": 0, "error": null}`).
 - Offline: `HERMES_DISABLE_LAZY_INSTALLS=1` (else it pip-installs optional tool dependencies at
   start). Under strace it connects to nothing but the base URL.
-- `-z PROMPT` prints only the final answer on stdout; it reports no tool-call count.
+- `-z PROMPT` prints only the final answer on stdout; it reports no tool-call count. A failed
+  model call (after 3 tries, ~10 s) also exits 0, its error printed in the answer's place:
+  `API call failed after 3 retries: HTTP 404: ...`; `parse_output` returns that as `error`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from __future__ import annotations
 import json
 
 from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
+
+_FAILED_CALL = "API call failed"
 
 
 class HermesHarness(HarnessSpec):
@@ -56,4 +60,6 @@ class HermesHarness(HarnessSpec):
 
     def parse_output(self, stdout: str) -> HarnessOutput:
         final = stdout.strip() or None
+        if final is not None and final.startswith(_FAILED_CALL):
+            return HarnessOutput(None, None, tail(stdout), error=final)
         return HarnessOutput(final, None, tail(stdout))

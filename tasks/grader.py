@@ -22,8 +22,10 @@ The log is output the agent's code can write to. Two defences against printed fa
 a pytest log's PASSED lines must not outnumber what pytest's own closing summary line counts
 (and with no summary at all, pytest did not finish, so no line is trusted); and a task may set
 `install_config.junit_xml = "auto"` (with `log_parser: "junit"`), which makes pytest write a
-JUnit report (through `PYTEST_ADDOPTS`) to a random path outside the work tree, named only when
-the tests start, and grades from that report alone, never from stdout.
+JUnit report (through `PYTEST_ADDOPTS`) to a random path in the sandbox's HOME, outside the work
+tree, named only when the tests start, and grades from that report alone, never from stdout.
+(Code running inside that pytest session can still read the variable: this defends against
+printed output and planted files, not against a conftest that rewrites pytest's own reports.)
 
 Timeouts and broken infrastructure (git unusable, test patch not applying, sandbox down) are
 reported as `timeout` and `infra_error`, never as a plain `failed`.
@@ -263,7 +265,7 @@ def _untrusted_log(task: Task, run: _TestRun, tests: dict[str, TestStatus]) -> s
     if claimed > totals.get("passed", 0):
         return (
             f"untrusted test log: {claimed} test(s) reported PASSED but pytest's summary counts "
-            f"{totals.get('passed', 0)} passed: some PASSED lines were printed by the code under test"
+            f"{totals.get('passed', 0)} passed: the code under test printed some of those lines"
         )
     return None
 
@@ -336,10 +338,11 @@ def _rebuild_base_commit(task: Task, sandbox: Sandbox) -> None:
     """Commit the task's source tree into a fresh `.git` (a side work tree, so the agent's files
     stay as they are), then point the index at it. The identity and dates are `materialize`'s,
     so the commit gets the task's `base_commit` hash; anything else is refused."""
-    scratch = sandbox.exec(["mktemp", "-d"], timeout=GIT_TIMEOUT_S)
+    # In HOME, like the JUnit report: some backends give every exec a fresh /tmp.
+    tmp = posixpath.join(sandbox.home, f".harness-gym-base-{secrets.token_hex(8)}")
+    scratch = sandbox.exec(["mkdir", "-p", "--", tmp], timeout=GIT_TIMEOUT_S)
     if not _succeeded(scratch):
         raise SandboxGitError(f"could not make a scratch dir in the sandbox {_explain(scratch)}")
-    tmp = scratch.stdout.strip()
     sandbox.write_file(f"{tmp}/base.tar", _source_tarball(task))
     git = "git -c core.autocrlf=false -c commit.gpgsign=false"
     script = "\n".join(
@@ -440,11 +443,10 @@ def apply_patch(
                 break
         else:
             return
-    first_line = diff.lstrip().splitlines()[0][:80]
-    shape = "" if "\n@@ " in diff or "GIT binary patch" in diff else (
-        f"; it has no hunks, so it is not a unified diff (it starts {first_line!r})"
-    )
-    raise PatchApplyError("\n".join(messages) + shape)
+    if "\n@@ " not in diff and "GIT binary patch" not in diff:
+        first_line = diff.lstrip().splitlines()[0][:80]
+        messages.append(f"it has no hunks, so it is not a unified diff (it starts {first_line!r})")
+    raise PatchApplyError("\n".join(messages))
 
 
 # --- the test run -------------------------------------------------------------------------------
@@ -468,7 +470,8 @@ def _run_tests(task: Task, sandbox: Sandbox, timeout_s: float) -> _TestRun:
     command, env = task.test_cmd, dict(_TEST_ENV)
     if junit_xml == "auto":
         # Named now, outside the work tree: nothing the agent left behind can be at this path.
-        junit_xml = f"/tmp/harness-gym-junit-{secrets.token_hex(16)}.xml"
+        # In HOME, not /tmp: some backends give every exec a fresh /tmp (bwrap's tmpfs).
+        junit_xml = posixpath.join(sandbox.home, f".harness-gym-junit-{secrets.token_hex(16)}.xml")
         env["PYTEST_ADDOPTS"] = f"--junitxml={junit_xml} -o junit_family=xunit1"
     if junit_xml:
         # A report left behind (or planted by the agent) must not be read as this run's result.

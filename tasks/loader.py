@@ -2,8 +2,9 @@
 
 `load_tasks` reads a suite: `"builtin"`, a task directory (one folder per task: `task.json` +
 `repo/`), a JSONL, JSON or Parquet file of SWE-rebench V2 / SWE-bench rows (as the datasets ship
-them: list fields and `install_config` either native or JSON-encoded), a list of `Task`s (or row dicts), or
-the name of an entry point in the `harness_gym.tasks` group (a callable returning any of those).
+them: list fields and `install_config` either native or JSON-encoded), a list of `Task`s (or row
+dicts), or the name of an entry point in the `harness_gym.tasks` group (a callable returning any
+of those).
 
 `materialize` copies a directory task's `repo/` and commits it once with fixed author, committer,
 dates and message, so the base commit's hash depends only on the files: the same on every

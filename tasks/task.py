@@ -32,8 +32,10 @@ class Task:
 
     `install_config` holds `test_cmd` (a shell command, or a list run one after another),
     `log_parser` (a name in `harness_gym.tasks.log_parser_names()`), optionally `install` (run
-    when an image is built, never by the grader) and `junit_xml` (a report path, relative to
-    the repo, that the grader reads after the run and hands to the parser with the output).
+    when an image is built, never by the grader), `junit_xml` (a report path, relative to the
+    repo, that the grader reads after the run and hands to the parser instead of the output;
+    `"auto"`: pytest writes it to a random path outside the repo, see `harness_gym.tasks.grader`)
+    and `exact_test_set` (true: no test outside FAIL_TO_PASS/PASS_TO_PASS may fail either).
     """
 
     instance_id: str
@@ -188,7 +190,11 @@ def _install_config_problems(config: Any) -> list[str]:
     install = config.get("install")
     if install is not None and not isinstance(install, str) and not _is_str_list(install):
         problems.append("install_config.install must be a string or list of strings")
+    if not isinstance(config.get("exact_test_set", False), bool):
+        problems.append("install_config.exact_test_set must be true or false")
     junit_xml = config.get("junit_xml")
     if junit_xml is not None and not (isinstance(junit_xml, str) and junit_xml.strip()):
-        problems.append("install_config.junit_xml must be a report path relative to the repo")
+        problems.append(
+            'install_config.junit_xml must be a report path relative to the repo, or "auto"'
+        )
     return problems

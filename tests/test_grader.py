@@ -40,8 +40,7 @@ SPANS = TASKS["harness-gym__spans-14"]  # test_patch modifies tests/test_merge.p
 KVCONF = TASKS["harness-gym__kvconf-23"]  # test_patch creates tests/test_values.py
 # Tasks built to misbehave: tests/fixtures/tasks/<id>/ (task.json + repo/, diffs made with git).
 FIXTURES = {
-    task.instance_id: task
-    for task in load_tasks(Path(__file__).parent / "fixtures" / "tasks")
+    task.instance_id: task for task in load_tasks(Path(__file__).parent / "fixtures" / "tasks")
 }
 HANG = FIXTURES["fixture__hang-1"]  # the unfixed code loops forever on the F2P test
 FLAKY = FIXTURES["fixture__flaky-2"]  # eight P2P tests pass by a coin flip
@@ -337,7 +336,7 @@ def test_a_junit_report_outside_the_tree_ignores_fake_lines_and_fake_xml_on_stdo
     with task_sandbox(JUNIT, tmp_path / "gold") as sandbox:
         apply_patch(sandbox, JUNIT.patch)
         fixed = grade(JUNIT, sandbox, timeout_s=120)
-        leftovers = sandbox.exec("ls /tmp | grep -c harness-gym-junit || true").stdout.strip()
+        leftovers = sandbox.exec("ls -a ~ | grep -c harness-gym-junit || true").stdout.strip()
     assert fixed.outcome == "passed", (fixed.error, fixed.test_output)
     assert set(fixed.tests) == set(JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS)
     assert leftovers == "0"  # the grader removes its report

@@ -101,6 +101,20 @@ def test_hermes_connects_to_nothing_but_the_base_url(cache: Path, box: LocalSand
     assert targets == {(str(server.port), "127.0.0.1")}
 
 
+@pytest.mark.slow
+def test_a_failed_model_call_exits_zero_but_is_reported_as_an_error(
+    cache: Path, box: LocalSandbox
+) -> None:
+    harness = HermesHarness()
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
+        result = harness.launch(box, endpoint, "hi", cache_dir=cache).wait(timeout=180)
+    output = harness.parse_output(result.stdout)
+    assert result.exit_code == 0
+    assert output.error and "404" in output.error
+    assert output.final_message is None
+
+
 def test_the_config_points_hermes_at_the_endpoint() -> None:
     endpoint = Endpoint("http://127.0.0.1:8123/", "se:ss #1", model="m", context_length=1000)
     text = HermesHarness().config_files(endpoint)[".hermes/config.yaml"]

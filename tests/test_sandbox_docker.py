@@ -129,6 +129,7 @@ def host_server() -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
+    server.server_close()
 
 
 def test_the_proxy_url_reaches_a_host_server_from_inside(

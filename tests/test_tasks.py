@@ -237,7 +237,10 @@ def test_a_missing_field_is_named():
 
 
 def test_an_unknown_suite_name_lists_what_would_have_worked():
-    with pytest.raises(TaskError, match=r"not 'builtin', not an existing directory or .jsonl file \(or .json, .parquet\)"):
+    with pytest.raises(
+        TaskError,
+        match=r"not 'builtin', not an existing directory or .jsonl file \(or .json, .parquet\)",
+    ):
         load_tasks("no-such-suite")
 
 

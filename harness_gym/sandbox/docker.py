@@ -315,11 +315,21 @@ class DockerJob(Job):
             self._box._kill_marked(procs.JOB_MARKER, self.id)
             self._ended(10)
         out_err = self._read_stream()
-        self._sock.close()
+        self.close_stream()
         with self._lock:
             if self._code is None:
                 self._code = self._exit_code()
         return out_err
+
+    def close_stream(self) -> None:
+        """Close the exec's connection to the daemon (SocketIO.close leaves the socket open)."""
+        response = getattr(self._sock, "_response", None)
+        if response is not None:
+            response.close()  # first: it flushes the file objects over the socket
+        self._sock.close()
+        raw = getattr(self._sock, "_sock", None)
+        if raw is not None:
+            raw.close()
 
     def poll(self) -> int | None:
         with self._lock:
@@ -372,6 +382,7 @@ class DockerSandbox(Sandbox):
         self._closed = False
         self._lock = threading.Lock()
         self._relays: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self._jobs: list[DockerJob] = []  # background jobs, whose streams close() closes
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
         self._env = {
             "PATH": _CONTAINER_PATH,
@@ -505,7 +516,10 @@ class DockerSandbox(Sandbox):
         sandbox's logs/), stderr to the same path plus `.stderr`."""
         default = f"{self.root}/logs/{uuid.uuid4().hex[:12]}.out"
         out = self.path(stdout_path) if stdout_path else default
-        return self._spawn(command, cwd, env, out, "/dev/null", emit=False)
+        job = self._spawn(command, cwd, env, out, "/dev/null", emit=False)
+        with self._lock:
+            self._jobs.append(job)
+        return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._check_open()
@@ -582,12 +596,15 @@ class DockerSandbox(Sandbox):
                 return
             self._closed = True
             relays, self._relays = list(self._relays.values()), {}
+            jobs, self._jobs = self._jobs, []
         container = getattr(self, "container", None)
         if container is not None:
             try:
                 container.remove(force=True)
             except _docker().errors.NotFound:
                 pass
+        for job in jobs:
+            job.close_stream()
         for relay in relays:
             relay.kill()
             relay.communicate()  # reaps it and closes its pipes

@@ -1,0 +1,243 @@
+"""`RayEpisodeExecutor`: a vector step's episodes as calls to Ray actors, one `NodeRunner` a node.
+
+    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
+    >>> envs = gym.make_vec("HarnessSWE-v0", num_envs=64, vectorization_mode="vector_entry_point",
+    ...                     harness="pi", engine="vllm:http://10.0.0.5:8000", group_size=8,
+    ...                     executor="ray", ray_address="auto")
+    >>> problems, infos = envs.reset(seed=0)
+    >>> problems, rewards, terminated, truncated, infos = envs.step(None)   # 64 episodes, N nodes
+    >>> envs.close()                                     # kills the actors; disconnects from Ray
+
+Why one actor per node and not one Ray task per episode: an episode is a CLI subprocess that
+talks HTTP to a proxy on loopback, and a proxy is worth starting once, not per episode. Each
+`NodeRunner` starts, inside its actor, the same stack the thread executor builds in-process
+(engine, `InterceptionProxy`, sandbox backend, one `EpisodeRunner` per harness) and runs its
+episodes on threads (a threaded actor, `max_concurrency` = episodes it may hold at once), so the
+episodes on a node share its proxy and engine exactly as they do locally.
+
+The engine travels as a spec string and each actor loads it itself. On a real cluster use
+`vllm:URL`: every node's proxy then samples from the same vLLM servers, the ones the trainer
+updates. `tiny` or `oracle` load a private CPU model in every actor, which is what the local tests
+want and nothing else does. Tasks travel with each call; a task's `repo_dir` (the `builtin` suite,
+a task directory) must exist at the same path on every node, as an installed package or a shared
+filesystem does; JSONL rows run in container images and need nothing local.
+
+Dispatch goes to the actor with the fewest episodes in flight (ties: round-robin). An actor
+returns `dataclasses.asdict(EpisodeResult)`, plain data (str, int, float, lists, dicts), and the
+driver rebuilds the `EpisodeResult`, so `info()` has the same keys and types as with threads.
+A lost actor or node becomes that episode's `infra_error` outcome, not an exception in `step()`.
+
+`close()` asks every actor to release what it started (proxy, sandboxes, repos, engine), kills
+the actors, and calls `ray.shutdown()` only if this executor called `ray.init()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import asdict
+from typing import Any
+
+from .engines import load_engine
+from .episode import EpisodeResult, EpisodeRunner
+from .harness import HarnessSpec
+from .proxy import InterceptionProxy
+from .rewards import RewardConfig
+from .sandbox import SandboxBackend, load_sandbox
+from .tasks.task import Task
+
+log = logging.getLogger(__name__)
+
+ACTOR_NAMESPACE = "harness-gym"
+# A local cluster started for us: no dashboard (an HTTP server and ~100 MB per node we never use)
+# and no log forwarding (the CLIs' stderr would interleave with the trainer's output).
+LOCAL_INIT_DEFAULTS: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+CLOSE_TIMEOUT_S = 60.0
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("executor='ray' needs Ray: pip install 'harness-gym[ray]'") from exc
+    return ray
+
+
+class NodeRunner:
+    """One node's episode stack: engine (loaded here from its spec), proxy, sandbox backend, and
+    one `EpisodeRunner` per harness. A plain class; the executor runs it as a threaded Ray actor.
+    """
+
+    def __init__(
+        self,
+        engine: str,
+        harnesses: Sequence[HarnessSpec],
+        sandbox: str | SandboxBackend | None,
+        reward: RewardConfig,
+        episode_timeout_s: float,
+        test_timeout_s: float,
+    ) -> None:
+        self.engine = load_engine(engine)
+        self.proxy = InterceptionProxy(self.engine).start()
+        self.backend = load_sandbox(sandbox or "local")
+        self.runners: dict[str, EpisodeRunner] = {}
+        for spec in harnesses:
+            if spec.name not in self.runners:
+                spec.install()
+                self.runners[spec.name] = EpisodeRunner(
+                    self.proxy, spec, self.backend, reward=reward,
+                    episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
+                )
+
+    def describe(self) -> dict[str, Any]:
+        """Where this runner lives: pid, hostname and proxy URL (also a readiness probe)."""
+        return {"pid": os.getpid(), "host": os.uname().nodename, "proxy_url": self.proxy.url,
+                "engine": self.engine.model_name, "harnesses": sorted(self.runners)}
+
+    def run(
+        self,
+        harness: str,
+        task: Task,
+        sampling: dict[str, Any] | None = None,
+        policy_version: int | None = None,
+    ) -> dict[str, Any]:
+        if hasattr(self.engine, "add_tasks"):  # the oracle learns each answer as it is dispatched
+            self.engine.add_tasks([task])
+        result = self.runners[harness].run(task, sampling=sampling, policy_version=policy_version)
+        return asdict(result)
+
+    def close(self) -> None:
+        self.proxy.stop()
+        self.backend.close()
+        for runner in self.runners.values():
+            runner.close()
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+
+
+class RayEpisodeExecutor:
+    """Runs episodes on one `NodeRunner` actor per alive node with CPUs; see the module docstring.
+
+    `submit()` answers a `concurrent.futures.Future` of an `EpisodeResult`, the same thing the
+    thread executor's pool answers, so `HarnessVectorEnv.step` treats both alike.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: str,
+        harnesses: Sequence[HarnessSpec],
+        sandbox: str | SandboxBackend | None,
+        reward: RewardConfig,
+        episode_timeout_s: float,
+        test_timeout_s: float,
+        max_episodes_per_node: int,
+        address: str | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+        actor_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(engine, str):
+            raise TypeError(
+                "executor='ray' ships the engine to every node as a spec string (e.g. "
+                f"'vllm:http://host:8000'), got a {type(engine).__name__} object"
+            )
+        self._ray = ray = import_ray()
+        self._reward = reward
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            kwargs = dict(init_kwargs or {})
+            if address is None:
+                kwargs = {**LOCAL_INIT_DEFAULTS, **kwargs}
+            ray.init(address=address, **kwargs)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options = {"num_cpus": 1, **(actor_options or {})}
+        nodes = [n["NodeID"] for n in ray.nodes()
+                 if n["Alive"] and n["Resources"].get("CPU", 0) >= options["num_cpus"]]
+        self._lock = threading.Lock()
+        self._actors: list[Any] = []
+        self._in_flight: list[int] = []
+        self._cursor = itertools.count()
+        self.actor_names: list[str] = []
+        self.nodes: list[dict[str, Any]] = []
+        try:
+            if not nodes:
+                raise RuntimeError(f"no alive Ray node has the {options['num_cpus']} CPU(s) a "
+                                   "NodeRunner asks for; see `ray status`")
+            remote = ray.remote(NodeRunner)
+            run_id = uuid.uuid4().hex[:8]
+            self.actor_names = [f"node-runner-{run_id}-{node[:12]}" for node in nodes]
+            for node, name in zip(nodes, self.actor_names):
+                self._actors.append(remote.options(
+                    name=name, namespace=ACTOR_NAMESPACE,
+                    # +1: describe() and close() never queue behind a full node's episodes
+                    max_concurrency=max_episodes_per_node + 1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    **options,
+                ).remote(engine, list(harnesses), sandbox, reward, episode_timeout_s,
+                         test_timeout_s))
+            self._in_flight = [0] * len(self._actors)
+            # Wait for every node's stack, so a bad spec fails here and not mid-step.
+            self.nodes = ray.get([a.describe.remote() for a in self._actors])
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(
+        self,
+        harness: str,
+        task: Task,
+        *,
+        sampling: dict[str, Any] | None = None,
+        policy_version: int | None = None,
+    ) -> Future[EpisodeResult]:
+        with self._lock:
+            if not self._actors:
+                raise RuntimeError("the Ray executor is closed")
+            cursor = next(self._cursor)
+            n = len(self._actors)
+            k = min(range(n), key=lambda i: (self._in_flight[i], (i - cursor) % n))
+            self._in_flight[k] += 1
+            ref = self._actors[k].run.remote(harness, task, sampling, policy_version)
+        done: Future[EpisodeResult] = Future()
+
+        def finish(raw: Future[dict[str, Any]]) -> None:
+            with self._lock:
+                self._in_flight[k] -= 1
+            try:
+                done.set_result(EpisodeResult(**raw.result()))
+            except Exception as exc:  # actor or node lost: our side failed, not the model
+                done.set_result(self._infra_error(harness, task, exc))
+
+        ref.future().add_done_callback(finish)
+        return done
+
+    def _infra_error(self, harness: str, task: Task, exc: BaseException) -> EpisodeResult:
+        log.warning("episode of %s on %s lost in Ray: %s", harness, task.instance_id, exc)
+        reward, breakdown = self._reward("infra_error", 0)
+        return EpisodeResult(
+            task_id=task.instance_id, harness=harness, outcome="infra_error", reward=reward,
+            reward_breakdown=breakdown, n_llm_calls=0, n_tool_calls=0, tests={}, patch="",
+            trace=[], duration_s=0.0, error=f"{type(exc).__name__}: {exc}",
+        )
+
+    def close(self) -> None:
+        """Release every node's stack, kill the actors, and shut Ray down if we started it."""
+        ray = self._ray
+        actors, self._actors = self._actors, []
+        if actors:
+            closing = [a.close.remote() for a in actors]
+            try:  # a clean close stops proxies and engines; kill below either way
+                ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("closing the node runners: %s", exc)
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+        if self._owns_ray:
+            self._owns_ray = False
+            ray.shutdown()
