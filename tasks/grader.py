@@ -345,6 +345,7 @@ def _rebuild_base_commit(task: Task, sandbox: Sandbox) -> None:
         raise SandboxGitError(f"could not make a scratch dir in the sandbox {_explain(scratch)}")
     sandbox.write_file(f"{tmp}/base.tar", _source_tarball(task))
     git = "git -c core.autocrlf=false -c commit.gpgsign=false"
+    message = shlex.quote(BASE_COMMIT_IDENTITY.message)
     script = "\n".join(
         [
             "set -e",
@@ -353,7 +354,7 @@ def _rebuild_base_commit(task: Task, sandbox: Sandbox) -> None:
             "rm -rf .git",
             f"{git} init -q --initial-branch=main",
             f"{git} --work-tree={shlex.quote(tmp)}/tree add --all --force",
-            f"{git} commit -q --no-verify --allow-empty -m {BASE_COMMIT_IDENTITY.message}",
+            f"{git} commit -q --no-verify --allow-empty -m {message}",
             f"printf %s {shlex.quote(GIT_EXCLUDES)} > .git/info/exclude",
             f"{git} reset -q",
             f"rm -rf {shlex.quote(tmp)}",

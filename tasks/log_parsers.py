@@ -112,11 +112,12 @@ def parse_pytest_log(log: str) -> dict[str, TestStatus]:
     return statuses
 
 
-# pytest's last line: `==== 2 failed, 5 passed, 1 warning in 0.12s ====` (`-qq` drops the `=`).
+# pytest's last line: `==== 2 failed, 5 passed, 1 warning in 0.12s ====` (`-qq` drops the `=`,
+# pytest < 6 writes `in 0.12 seconds`, plugins add counts like `2 subtests passed`).
 _SESSION_LINE = re.compile(
-    r"^=*\s*(?P<counts>(?:\d+ [a-z]+(?:, )?)+|no tests ran) in [\d.]+s(?: \([^)]*\))?\s*=*$"
+    r"^=*\s*(?P<counts>\d+ [a-z].*?|no tests ran) in [\d.]+ ?(?:s|seconds)(?: \([^)]*\))?\s*=*$"
 )
-_COUNT = re.compile(r"(\d+) ([a-z]+)")
+_COUNT = re.compile(r"(\d+) ([a-z]+)(?=,|$)")
 _COUNT_WORDS = {"error": "errors", "warning": "warnings"}
 
 

@@ -297,12 +297,16 @@ class DockerJob(Job):
         out, err = consume_socket_output(frames, demux=True)
         return out or b"", err or b""
 
+    def _inspect_exit(self) -> int | None:
+        info = self._box._api.exec_inspect(self.exec_id)
+        return None if info["Running"] or info["ExitCode"] is None else int(info["ExitCode"])
+
     def _exit_code(self) -> int:
         """The wrapper's exit code; the daemon may report it a moment after the stream ends."""
         for _ in range(500):
-            info = self._box._api.exec_inspect(self.exec_id)
-            if not info["Running"] and info["ExitCode"] is not None:
-                return int(info["ExitCode"])
+            code = self._inspect_exit()
+            if code is not None:
+                return code
             time.sleep(0.01)
         raise SandboxError(f"docker exec {self.exec_id} did not report an exit code")
 
@@ -334,9 +338,7 @@ class DockerJob(Job):
     def poll(self) -> int | None:
         with self._lock:
             if self._code is None:
-                info = self._box._api.exec_inspect(self.exec_id)
-                if not info["Running"] and info["ExitCode"] is not None:
-                    self._code = int(info["ExitCode"])
+                self._code = self._inspect_exit()
             return self._code
 
     def wait(self, timeout: float | None = None) -> ExecResult:

@@ -1,0 +1,172 @@
+"""`executor="ray"`: the same Pi + oracle step on a local 2-CPU Ray cluster and on local threads.
+
+One module-scoped pair of steps (threads, then Ray, same seed) backs the comparisons; the Ray
+env's `close()` is checked to leave no actor and no process of the cluster it started behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
+from harness_gym.rewards import RewardConfig
+
+ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
+pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
+
+LOCAL_CLUSTER = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+VERSIONS = np.array([3, 4])
+
+
+def make_vec(**kwargs):
+    return gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point", num_envs=2,
+                        group_size=2, harness="pi", engine="oracle", progress=False, **kwargs)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc; zombies count as gone)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return pids & ({int(p.name) for p in Path("/proc").glob("[0-9]*")
+                    if (p / "stat").exists() and _state(p) != "Z"})
+
+
+def _state(proc: Path) -> str:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def one_step(envs):
+    _, reset_infos = envs.reset(seed=0)
+    started = time.perf_counter()
+    _, rewards, _, _, infos = envs.step({"policy_version": VERSIONS})
+    return {"reset_infos": reset_infos, "rewards": rewards, "infos": infos,
+            "wall": time.perf_counter() - started}
+
+
+@pytest.fixture(scope="module")
+def steps():
+    assert not ray.is_initialized()
+    local = make_vec()
+    try:
+        threads = one_step(local)
+    finally:
+        local.close()
+    before = descendants(os.getpid())
+    started = time.perf_counter()
+    envs = make_vec(executor="ray", ray_init=LOCAL_CLUSTER)
+    try:
+        envs.reset(seed=0)
+        start_s = time.perf_counter() - started
+        on_ray = one_step(envs)
+        executor = envs.unwrapped._ray
+        on_ray.update(start_s=start_s, nodes=executor.nodes, actor_names=executor.actor_names,
+                      processes=descendants(os.getpid()) - before)
+    finally:
+        envs.close()
+    deadline = time.monotonic() + 30
+    while alive(on_ray["processes"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    on_ray["left_alive"] = alive(on_ray["processes"])
+    return {"threads": threads, "ray": on_ray}
+
+
+def test_ray_runs_the_same_tasks_to_the_same_outcomes_and_rewards_as_threads(steps):
+    threads, on_ray = steps["threads"]["infos"], steps["ray"]["infos"]
+    assert on_ray["task_id"].tolist() == threads["task_id"].tolist()
+    assert on_ray["next_task_id"].tolist() == threads["next_task_id"].tolist()
+    assert on_ray["outcome"].tolist() == threads["outcome"].tolist() == ["passed", "passed"]
+    np.testing.assert_array_equal(steps["ray"]["rewards"], steps["threads"]["rewards"])
+    assert on_ray["policy_version_max"].tolist() == VERSIONS.tolist()
+
+
+def test_ray_traces_have_the_shapes_of_the_thread_traces(steps):
+    threads, on_ray = steps["threads"]["infos"], steps["ray"]["infos"]
+    for local_trace, ray_trace in zip(threads["trace"], on_ray["trace"]):
+        assert len(ray_trace) == len(local_trace) >= 1
+        for local_segment, segment in zip(local_trace, ray_trace):
+            assert segment.keys() == local_segment.keys()
+            assert segment["role"] == local_segment["role"]
+            n = len(segment["response_ids"])
+            assert len(segment["loss_mask"]) == len(segment["response_logprobs"]) == n
+            assert len(local_segment["loss_mask"]) == len(local_segment["response_ids"])
+            # the oracle's answers are scripted: the same tokens (their logprobs differ a little,
+            # as the prompts do: Pi's system prompt names the sandbox's own directory)
+            assert segment["response_ids"] == local_segment["response_ids"]
+            assert all(type(v) is int for v in segment["response_ids"])
+            assert all(type(v) is float for v in segment["response_logprobs"])
+
+
+def test_ray_infos_have_the_keys_and_dtypes_of_the_thread_infos(steps):
+    threads, on_ray = steps["threads"]["infos"], steps["ray"]["infos"]
+    assert on_ray.keys() == threads.keys()
+    for key, value in threads.items():
+        if isinstance(value, np.ndarray):
+            assert on_ray[key].dtype == value.dtype, key
+
+
+def test_the_local_cluster_runs_one_node_runner_with_its_own_proxy(steps):
+    (node,) = steps["ray"]["nodes"]
+    assert node["pid"] != os.getpid() and node["engine"] == "oracle"
+    assert node["proxy_url"].startswith("http://127.0.0.1:") and node["harnesses"] == ["pi"]
+
+
+def test_close_leaves_no_actor_and_no_process_of_the_cluster_behind(steps):
+    on_ray = steps["ray"]
+    assert on_ray["nodes"][0]["pid"] in on_ray["processes"]  # the actor was a process of ours
+    assert on_ray["left_alive"] == set()
+    assert not ray.is_initialized()
+
+
+def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_up(steps):
+    ray.init(**LOCAL_CLUSTER)
+    try:
+        envs = make_vec(executor="ray")
+        envs.reset(seed=0)
+        (name,) = envs.unwrapped._ray.actor_names
+        pid = envs.unwrapped._ray.nodes[0]["pid"]
+        assert ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+        envs.close()
+        assert ray.is_initialized()
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace=ACTOR_NAMESPACE)
+        deadline = time.monotonic() + 15
+        while alive({pid}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive({pid})
+    finally:
+        ray.shutdown()
+
+
+def test_the_ray_executor_refuses_an_engine_object_and_an_unknown_executor():
+    with pytest.raises(TypeError, match="spec string"):
+        RayEpisodeExecutor(engine=object(), harnesses=[], sandbox="local",
+                           reward=RewardConfig.coerce(None), episode_timeout_s=1,
+                           test_timeout_s=1, max_episodes_per_node=1)
+    with pytest.raises(ValueError, match="'threads' or 'ray'"):
+        make_vec(executor="processes")
