@@ -123,7 +123,7 @@ class EpisodeRunner:
             )
             session = self.proxy.open_session(policy_version, sampling)
             endpoint = Endpoint(
-                base_url=self.proxy.url,
+                base_url=sandbox.proxy_url(self.proxy.url),
                 api_key=session.session_id,
                 model=self.proxy.engine.model_name,
                 context_length=self.proxy.engine.max_context,

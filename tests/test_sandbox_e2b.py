@@ -115,14 +115,12 @@ def test_create_passes_template_lifetime_envs_and_key_to_the_sdk() -> None:
         assert sdk_of(other).template == "other"
 
 
-def test_the_harness_base_url_is_the_public_url_with_the_proxy_path() -> None:
-    backend = fake_backend(proxy_public_url="https://proxy.example.com/")
-    assert (
-        backend.harness_base_url("http://127.0.0.1:8123/v1")
-        == "https://proxy.example.com/v1"
-    )
-    with pytest.raises(SandboxError, match="proxy_public_url"):
-        fake_backend().harness_base_url("http://127.0.0.1:8123/v1")
+def test_a_sandbox_reaches_the_proxy_at_the_public_url_with_the_proxy_path() -> None:
+    with fake_backend(proxy_public_url="https://proxy.example.com/").create(SandboxSpec()) as sandbox:
+        assert sandbox.proxy_url("http://127.0.0.1:8123/v1") == "https://proxy.example.com/v1"
+    with fake_backend().create(SandboxSpec()) as sandbox:
+        with pytest.raises(SandboxError, match="proxy_public_url"):
+            sandbox.proxy_url("http://127.0.0.1:8123/v1")
 
 
 # -- what each seam call asks of the SDK ----------------------------------------------------

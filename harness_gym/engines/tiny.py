@@ -2,7 +2,7 @@
 
 It exists so tests and demos run the whole pipeline (real tokenizer, real chat template, real
 sampling and logprobs) in seconds on a CPU with no model download. Nothing is shipped: at first
-use a byte-level BPE is trained on the Python stdlib's own source (~1 s) and the weights are drawn
+use a byte-level BPE is trained on the Python stdlib's own source (~2 s) and the weights are drawn
 from a fixed seed, then both are cached under `$HARNESS_GYM_CACHE/tiny-v1/`. The stdlib differs
 between Python versions, so token ids are stable per interpreter, not across them.
 
@@ -33,7 +33,7 @@ TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 VOCAB_SIZE = 8192
 MAX_CONTEXT = 131_072
 WEIGHT_SEED = 0
-# ~1 s of BPE training on 2 cores; enough text for a code-shaped vocabulary of 8k.
+# ~2 s of BPE training on 2 idle cores, reading included; enough text for an 8k code vocabulary.
 TRAINING_CHARS = 8_000_000
 # Folders whose contents are not the stdlib proper (and differ between installs).
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})

@@ -117,6 +117,10 @@ class RemoteShellSandbox(Sandbox):
     """
 
     backend_name = "remote"
+    proxy_public_url: str | None = None  # set by the backend: where the proxy is exposed
+
+    def proxy_url(self, host_url: str) -> str:
+        return public_base_url(self.proxy_public_url, host_url, self.backend_name)
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.id = uuid.uuid4().hex[:16]  # HARNESS_GYM_SANDBOX_ID of every command

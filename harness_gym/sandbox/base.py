@@ -100,6 +100,12 @@ class Sandbox(abc.ABC):
     def close(self) -> None:
         """Kill everything still running and remove everything created. Idempotent."""
 
+    def proxy_url(self, host_url: str) -> str:
+        """The URL a command in this sandbox uses to reach the proxy serving at `host_url` on
+        this host. Sandboxes that share the host's network use it as it is; an isolated network
+        relays it (docker) and a cloud sandbox needs a public URL (e2b, hf)."""
+        return host_url
+
     def __enter__(self) -> Sandbox:
         return self
 

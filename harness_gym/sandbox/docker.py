@@ -51,7 +51,6 @@ import select
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
@@ -63,6 +62,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from . import _processes as procs
+from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from .local import TIMEOUT_EXIT_CODE, _argv, _rmtree
 
@@ -96,64 +96,6 @@ for round in 1 2 3 4 5; do
 done
 true
 """
-
-# A byte relay, run both on the host (unix socket -> the proxy's TCP port) and in the container
-# (127.0.0.1:port -> the unix socket). Addresses: unix:/path or tcp:host:port. With --fork it
-# returns once listening and serves from a child (the in-container exec returns when ready);
-# without, it prints "ready" and exits when its stdin closes (the host relay: killed at close,
-# and gone with its owner when a SIGKILL leaves no chance to close).
-_RELAY = r"""
-import os, socket, sys, threading
-def addr(a):
-    kind, _, rest = a.partition(":")
-    if kind == "unix":
-        return socket.AF_UNIX, rest
-    host, _, port = rest.rpartition(":")
-    return socket.AF_INET, (host, int(port))
-(lfam, laddr), (cfam, caddr) = addr(sys.argv[1]), addr(sys.argv[2])
-srv = socket.socket(lfam)
-if lfam == socket.AF_INET:
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(laddr)
-srv.listen(256)
-if "--fork" in sys.argv:
-    if os.fork():
-        os._exit(0)
-    os.setsid()
-else:
-    print("ready", flush=True)
-    def orphaned():  # the host relay ends with its owner: stdin closes when the owner dies
-        sys.stdin.buffer.read()
-        os._exit(0)
-    threading.Thread(target=orphaned, daemon=True).start()
-def pump(a, b):
-    try:
-        while data := a.recv(65536):
-            b.sendall(data)
-    except OSError:
-        pass
-    try:
-        b.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-def serve(c):
-    u = socket.socket(cfam)
-    try:
-        u.connect(caddr)
-    except OSError:
-        c.close()
-        return
-    t = threading.Thread(target=pump, args=(u, c), daemon=True)
-    t.start()
-    pump(c, u)
-    t.join()
-    c.close()
-    u.close()
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"""
-
 
 def _docker() -> Any:
     try:
@@ -569,23 +511,12 @@ class DockerSandbox(Sandbox):
 
     def _start_relay(self, host: str, port: int) -> subprocess.Popen[bytes]:
         name = f"proxy-{port}.sock"
-        relay = subprocess.Popen(
-            [sys.executable, "-c", _RELAY, f"unix:{self._run_dir / name}", f"tcp:{host}:{port}"],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.PIPE,  # never written: its EOF tells the relay we are gone
-            start_new_session=True,
-        )
-        assert relay.stdout is not None
-        if relay.stdout.readline().strip() != b"ready":
-            relay.kill()
-            relay.communicate()
-            raise SandboxError(f"could not relay {self._run_dir / name} to {host}:{port}")
+        relay = start_host_relay(self._run_dir / name, host, port)
         inside = f"unix:{self.root}/run/{name}"
-        forward = ["python3", "-c", _RELAY, f"tcp:127.0.0.1:{port}", inside, "--fork"]
+        forward = ["python3", "-c", RELAY_SCRIPT, f"tcp:127.0.0.1:{port}", inside, "--fork"]
         result = self.container.exec_run(forward)
         if result.exit_code != 0:
-            relay.kill()
-            relay.communicate()
+            stop_relay(relay)
             raise SandboxError(
                 f"could not start the proxy forwarder in the container (does the image have"
                 f" python3?): {result.output.decode(errors='replace')[-500:]}"
@@ -608,8 +539,7 @@ class DockerSandbox(Sandbox):
         for job in jobs:
             job.close_stream()
         for relay in relays:
-            relay.kill()
-            relay.communicate()  # reaps it and closes its pipes
+            stop_relay(relay)
         _rmtree(self._run_dir)
 
 

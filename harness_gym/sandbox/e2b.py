@@ -7,8 +7,8 @@ Install with `pip install harness-gym[e2b]` and set `E2B_API_KEY`. Written again
 Reaching the proxy. The harness runs in E2B's cloud, so the proxy on this host's loopback is out
 of its reach. Expose the proxy at a public URL (a tunnel, or a host with a public address and
 `harness-gym serve --host 0.0.0.0`) and pass it as `E2BSandboxBackend(proxy_public_url=...)`;
-the env must then give the harness `backend.harness_base_url(proxy.base_url)`, which is that
-public URL with the proxy's path, instead of the loopback URL.
+the env then gives the harness `sandbox.proxy_url(proxy.url)`: that public URL with the proxy's
+path, instead of the loopback URL.
 
 Layout inside the VM (under one `mktemp -d` dir; the VM itself dies at `close()`)::
 
@@ -36,7 +36,6 @@ from ._remote import (
     TIMEOUT_EXIT_CODE,
     RemoteShellSandbox,
     job_script,
-    public_base_url,
 )
 from .base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 
@@ -241,10 +240,6 @@ class E2BSandboxBackend(SandboxBackend):
         self.envs = dict(envs or {})
         self._factory = sandbox_factory
 
-    def harness_base_url(self, local_url: str) -> str:
-        """The URL the harness in the VM must use for the proxy serving at `local_url`."""
-        return public_base_url(self.proxy_public_url, local_url, self.name)
-
     def _sdk_factory(self) -> tuple[Callable[..., Any], str | None]:
         if self._factory is not None:
             return self._factory, self.api_key
@@ -281,4 +276,6 @@ class E2BSandboxBackend(SandboxBackend):
                     f"e2b refused the API key ({exc}): set E2B_API_KEY to a valid key"
                 ) from exc
             raise SandboxError(f"could not create an e2b sandbox: {exc}") from exc
-        return E2BSandbox(sdk_sandbox, spec)
+        sandbox = E2BSandbox(sdk_sandbox, spec)
+        sandbox.proxy_public_url = self.proxy_public_url
+        return sandbox

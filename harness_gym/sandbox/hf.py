@@ -8,7 +8,7 @@ process group and sets `timed_out`; `background=True` returns a `SandboxProcess`
 `processes()`, `files.read/write`, `kill()` (ends the job) and `close()` (drops the client only).
 
 Reaching the proxy works as for `e2b` (see that module): the sandbox is a cloud job, so pass
-`HFSandboxBackend(proxy_public_url=...)` and give the harness `backend.harness_base_url(url)`.
+`HFSandboxBackend(proxy_public_url=...)`; the env gives the harness `sandbox.proxy_url(url)`.
 (`Sandbox.proxy_url_for` is the other direction: a public URL for a server *inside* the
 sandbox.) The command wrapper, layout and marker kill are the e2b backend's.
 """
@@ -26,7 +26,6 @@ from ._remote import (
     TIMEOUT_EXIT_CODE,
     RemoteShellSandbox,
     job_script,
-    public_base_url,
 )
 from .base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 
@@ -235,10 +234,6 @@ class HFSandboxBackend(SandboxBackend):
         self.env = dict(env or {})
         self._factory = sandbox_factory
 
-    def harness_base_url(self, local_url: str) -> str:
-        """The URL the harness in the job must use for the proxy serving at `local_url`."""
-        return public_base_url(self.proxy_public_url, local_url, self.name)
-
     def _sdk_factory(self) -> tuple[Callable[..., Any], str | None]:
         if self._factory is not None:
             return self._factory, self.token
@@ -274,4 +269,6 @@ class HFSandboxBackend(SandboxBackend):
             raise SandboxError(
                 f"could not create an hf sandbox: {exc} (is HF_TOKEN set and allowed to run Jobs?)"
             ) from exc
-        return HFSandbox(sdk_sandbox, spec)
+        sandbox = HFSandbox(sdk_sandbox, spec)
+        sandbox.proxy_public_url = self.proxy_public_url
+        return sandbox
