@@ -101,6 +101,27 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--quiet", action="store_true")
 
 
+def _harnesses(args: argparse.Namespace) -> int:
+    """List the registered harness plugins, their pinned versions and whether they are installed;
+    `--install` installs them all into the shared cache first."""
+    from .harness import HarnessError, available_harnesses, load_harness
+
+    failed = 0
+    for name in available_harnesses():
+        try:
+            harness = load_harness(name)
+            if args.install:
+                harness.install(progress=lambda m: print(f"  {m}", flush=True))
+            state = "installed" if harness.is_installed() else "not installed"
+            package = harness.package
+            spec = f"{package.manager} {package.name}=={package.version}"
+            print(f"{name:<14} {spec:<48} {harness.dialect:<19} {state}")
+        except (HarnessError, OSError, ImportError) as exc:
+            failed += 1
+            print(f"{name:<14} error: {exc}")
+    return 1 if failed and args.install else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="harness-gym",
@@ -114,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     serve.add_argument("--admin-key", default=None, help="key required by /sessions routes")
     serve.set_defaults(handler=_serve)
+
+    harnesses = commands.add_parser(
+        "harnesses", help="list the registered harness CLIs, their versions, what is installed")
+    harnesses.add_argument("--install", action="store_true",
+                           help="install every registered harness into the shared cache")
+    harnesses.set_defaults(handler=_harnesses)
 
     run = commands.add_parser("run", help="run episodes and write their traces")
     _add_run_options(run)

@@ -211,7 +211,7 @@ class RayEpisodeExecutor:
                 self._in_flight[k] -= 1
             try:
                 done.set_result(EpisodeResult(**raw.result()))
-            except Exception as exc:  # actor or node lost: our side failed, not the model
+            except Exception as exc:  # noqa: BLE001 - actor or node lost: an infra_error outcome
                 done.set_result(self._infra_error(harness, task, exc))
 
         ref.future().add_done_callback(finish)
@@ -232,9 +232,9 @@ class RayEpisodeExecutor:
         actors, self._actors = self._actors, []
         if actors:
             closing = [a.close.remote() for a in actors]
-            try:  # a clean close stops proxies and engines; kill below either way
+            try:  # a clean close stops proxies and engines before the actors die
                 ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the kill below ends them either way
                 log.warning("closing the node runners: %s", exc)
             for actor in actors:
                 ray.kill(actor, no_restart=True)

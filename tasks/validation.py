@@ -7,6 +7,7 @@ reach training, where a test that passes by luck turns into reward noise.
 Each run gets a fresh sandbox (the materialized repo for a directory task, `image_name` for a
 dataset row), applies the gold patch and grades. A test whose status differs between runs is
 flaky; a run that is not `passed` is a problem; a gold patch that does not apply stops it at once.
+`check_unfixed=True` adds SWE-bench's other half: without the fix, F2P fails and P2P passes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 
 from harness_gym.sandbox.base import SandboxBackend, SandboxSpec
 
-from .grader import GradeResult, PatchApplyError, apply_patch, grade
+from .grader import P2P_OK, GradeResult, PatchApplyError, apply_patch, grade
 from .loader import materialize
+from .log_parsers import TestStatus
 from .task import Task
 
 __all__ = ["MISSING", "TaskValidation", "validate_task"]
@@ -33,6 +35,7 @@ class TaskValidation:
     runs: list[GradeResult] = field(default_factory=list)
     flaky: dict[str, list[str]] = field(default_factory=dict)  # test -> status in each run
     problems: list[str] = field(default_factory=list)
+    unfixed: GradeResult | None = None  # the run without the gold patch (check_unfixed)
 
     @property
     def ok(self) -> bool:
@@ -46,29 +49,33 @@ def validate_task(
     runs: int = 3,
     timeout_s: float = 600.0,
     env: Mapping[str, str] | None = None,
+    check_unfixed: bool = False,
 ) -> TaskValidation:
     """Grade the gold patch `runs` times in fresh sandboxes and compare per-test statuses.
-    `env` is added to the sandbox's environment (e.g. a PATH holding the right python)."""
+    `env` is added to the sandbox's environment (e.g. a PATH holding the right python). With
+    `check_unfixed`, one more run without the gold patch must fail every FAIL_TO_PASS test and
+    pass every PASS_TO_PASS test (else the task's test lists are wrong)."""
     report = TaskValidation(task.instance_id)
+    if check_unfixed:
+        report.unfixed = _grade_once(task, backend, None, timeout_s, env)
+        tests = report.unfixed.tests
+        passing = [t for t in task.FAIL_TO_PASS if tests.get(t) == TestStatus.PASSED]
+        broken = [t for t in task.PASS_TO_PASS if tests.get(t) not in P2P_OK]
+        if passing:
+            report.problems.append(f"FAIL_TO_PASS test(s) pass without the fix: {passing}")
+        if broken:
+            report.problems.append(f"PASS_TO_PASS test(s) do not pass without the fix: {broken}")
     for number in range(1, runs + 1):
-        with tempfile.TemporaryDirectory(prefix="harness-gym-validate-") as scratch:
-            spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate")
-            if task.repo_dir is not None:
-                spec.repo = Path(scratch) / "repo"
-                materialize(task, spec.repo)
-            with backend.create(spec) as sandbox:
-                try:
-                    apply_patch(sandbox, task.patch)
-                except PatchApplyError as error:
-                    report.problems.append(f"the gold patch does not apply: {error}")
-                    return report
-                result = grade(task, sandbox, timeout_s=timeout_s)
+        try:
+            result = _grade_once(task, backend, task.patch, timeout_s, env)
+        except PatchApplyError as error:
+            report.problems.append(f"the gold patch does not apply: {error}")
+            return report
         report.runs.append(result)
         if result.outcome != "passed":
             why = result.error or f"failing: {', '.join(result.failing)}"
             report.problems.append(f"run {number}: gold patch graded {result.outcome} ({why})")
-    seen = sorted({test for result in report.runs for test in result.tests})
-    for test in seen:
+    for test in sorted({test for result in report.runs for test in result.tests}):
         statuses = [str(result.tests.get(test, MISSING)) for result in report.runs]
         if len(set(statuses)) > 1:
             report.flaky[test] = statuses
@@ -78,3 +85,22 @@ def validate_task(
             + ", ".join(sorted(report.flaky)[:10])
         )
     return report
+
+
+def _grade_once(
+    task: Task,
+    backend: SandboxBackend,
+    patch: str | None,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+) -> GradeResult:
+    """A fresh sandbox at the base commit, `patch` applied (raises `PatchApplyError`), graded."""
+    with tempfile.TemporaryDirectory(prefix="harness-gym-validate-") as scratch:
+        spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate")
+        if task.repo_dir is not None:
+            spec.repo = Path(scratch) / "repo"
+            materialize(task, spec.repo)
+        with backend.create(spec) as sandbox:
+            if patch is not None:
+                apply_patch(sandbox, patch)
+            return grade(task, sandbox, timeout_s=timeout_s)

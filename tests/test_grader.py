@@ -383,9 +383,21 @@ def test_validate_task_finds_tests_that_change_status_between_identical_runs():
 
 
 def test_validate_task_passes_a_sound_task():
-    report = validate_task(UNITTEST, LocalSandboxBackend(), runs=2, env=PYTHON_PATH_ENV)
+    backend = LocalSandboxBackend()
+    report = validate_task(UNITTEST, backend, runs=2, env=PYTHON_PATH_ENV, check_unfixed=True)
     assert report.ok, report.problems
     assert [run.outcome for run in report.runs] == ["passed", "passed"]
+    assert report.unfixed is not None and report.unfixed.outcome == "failed"
+
+
+def test_validate_task_catches_a_fail_to_pass_test_that_already_passes():
+    mislabelled = replace(UNITTEST, FAIL_TO_PASS=UNITTEST.PASS_TO_PASS, PASS_TO_PASS=[])
+    report = validate_task(
+        mislabelled, LocalSandboxBackend(), runs=1, env=PYTHON_PATH_ENV, check_unfixed=True
+    )
+    assert report.problems == [
+        "FAIL_TO_PASS test(s) pass without the fix: ['test_low (tests.test_clamp.ClampTest)']"
+    ]
 
 
 # --- other test frameworks and stricter verdicts ------------------------------------------------

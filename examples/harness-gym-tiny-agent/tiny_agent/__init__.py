@@ -1,0 +1,1 @@
+"""tiny-agent: a minimal coding agent CLI, shipped with its harness-gym plugin spec."""

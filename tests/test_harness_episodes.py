@@ -1,0 +1,124 @@
+"""Every registered harness CLI, for real, through our proxy: the oracle solves built-in tasks
+with the CLI's own shell tool, the no-op oracle fails, and the episodes run in a network
+namespace that has nothing but loopback (so no CLI can have looked anything up elsewhere).
+
+Each harness runs in a child process under `unshare --net` (root only; without it the same
+child runs on the host network and the offline assertion is skipped with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness_gym.harness import available_harnesses, load_harness
+from harness_gym.tasks.loader import load_tasks
+
+BUILTIN = ("claude-code", "hermes", "opencode", "pi")
+TASK_IDS = ("harness-gym__routes-61", "harness-gym__tabular-9")
+TASKS = {t.instance_id: t for t in load_tasks("builtin")}
+
+EPISODES = textwrap.dedent("""
+    import json, sys
+    import gymnasium as gym
+    import harness_gym
+    harness, task_ids = sys.argv[1], sys.argv[2].split(",")
+    out = []
+    for engine, ids in (("oracle", task_ids), ("oracle:noop", task_ids[:1])):
+        env = gym.make("HarnessSWE-v0", harness=harness, engine=engine, sandbox="local",
+                       episode_timeout_s=300)
+        try:
+            for task_id in ids:
+                env.reset(options={"task_id": task_id})
+                _, reward, _, _, info = env.step({"policy_version": 1})
+                info["reward"], info["engine"] = reward, engine
+                out.append(info)
+        finally:
+            env.close()
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def isolated_network() -> list[str] | None:
+    """A command prefix that runs a child with only loopback, or None where that is not possible."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return None
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True)
+    return ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] \
+        if probe.returncode == 0 else None
+
+
+def run_episodes(harness: str) -> tuple[list[dict], bool]:
+    prefix = isolated_network()
+    command = [*(prefix or []), sys.executable, "-c", EPISODES, harness, ",".join(TASK_IDS)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):]), prefix is not None
+
+
+def changed_lines(diff: str) -> list[str]:
+    return sorted(line for line in diff.splitlines()
+                  if line[:1] in "+-" and not line.startswith(("+++", "---")))
+
+
+def test_the_four_builtin_harnesses_are_registered():
+    assert set(BUILTIN) <= set(available_harnesses())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", BUILTIN)
+def test_a_real_cli_solves_builtin_tasks_offline_with_the_oracle_and_fails_with_noop(harness):
+    if shutil.which("npm") is None:
+        pytest.skip("the CLIs install with npm")
+    load_harness(harness).install()
+    infos, offline = run_episodes(harness)
+    solved = [i for i in infos if i["engine"] == "oracle"]
+    assert [i["task_id"] for i in solved] == list(TASK_IDS)
+    for info in solved:
+        task = TASKS[info["task_id"]]
+        assert info["harness"] == harness
+        assert info["outcome"] == "passed", (info["error"], info["harness_output"]["tail"][-2000:])
+        assert all(info["tests"][t] == "PASSED" for t in task.FAIL_TO_PASS)  # tests really ran
+        assert changed_lines(info["patch"]) == changed_lines(task.patch)
+        assert info["n_tool_calls"] == 1  # the patch went through the CLI's own shell tool
+        roles = [s["role"] for s in info["trace"]]
+        assert roles.count("agent") == 1 and set(roles) <= {"agent", "auxiliary"}
+        for segment in info["trace"]:
+            assert len(segment["response_logprobs"]) == len(segment["response_ids"])
+            sampled = [p for p, m in zip(segment["response_logprobs"], segment["loss_mask"]) if m]
+            assert sampled and all(p < 0 for p in sampled)  # every sampled token has its p_old
+    (failed,) = [i for i in infos if i["engine"] == "oracle:noop"]
+    assert failed["outcome"] == "failed" and failed["reward"] == 0.0
+    if not offline:
+        pytest.skip("episodes passed, but on the host network: unshare --net needs root")
+
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parent.parent / "examples" / "harness-gym-tiny-agent"
+
+
+def test_a_third_party_plugin_installs_by_entry_point_and_solves_a_task(tmp_path: Path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(EXAMPLE_PLUGIN)],
+        check=True, capture_output=True, timeout=300,
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    listed = subprocess.run([sys.executable, "-m", "harness_gym.cli", "harnesses"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert any(line.startswith("tiny-agent ") for line in listed.stdout.splitlines()), listed
+    done = subprocess.run([sys.executable, "-c", EPISODES, "tiny-agent", TASK_IDS[0]], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    infos = json.loads(lines[-1][len("RESULT "):])
+    assert [(i["engine"], i["outcome"], i["harness"]) for i in infos] == [
+        ("oracle", "passed", "tiny-agent"), ("oracle:noop", "failed", "tiny-agent")]
