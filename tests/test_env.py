@@ -134,6 +134,9 @@ def test_an_agent_that_rewrites_the_failing_tests_still_fails(tiny):
     assert all(info["tests"].get(t) != "PASSED" for t in task.FAIL_TO_PASS)
 
 
+SLEEP = str(1000 + os.getpid() % 997)  # a duration no other run on this machine uses
+
+
 class NeverExits(HarnessSpec):
     """A harness that hangs, leaving a child and a setsid grandchild behind."""
 
@@ -146,7 +149,7 @@ class NeverExits(HarnessSpec):
         return Path(tempfile.gettempdir())
 
     def prepare(self, sandbox, endpoint: Endpoint, prompt: str, cache_dir=None) -> LaunchPlan:
-        script = "sleep 1007 & setsid sleep 1007 & sleep 1007"
+        script = f"sleep {SLEEP} & setsid sleep {SLEEP} & sleep {SLEEP}"
         return LaunchPlan(argv=["bash", "-c", script])
 
     def args(self, endpoint, prompt):
@@ -160,19 +163,23 @@ def sleepers() -> set[int]:
     found = set()
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
-            if Path(cmdline).read_bytes() == b"sleep\x001007\x00":
+            if Path(cmdline).read_bytes() == f"sleep\x00{SLEEP}\x00".encode():
                 found.add(int(cmdline.split("/")[2]))
         except OSError:
             pass
     return found
 
 
-def our_temp_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "harness-gym-*")))
-
-
-def test_a_harness_that_never_exits_is_killed_at_the_timeout_and_nothing_survives(tiny):
-    temp_before, sleepers_before = our_temp_dirs(), sleepers()
+def test_a_harness_that_never_exits_is_killed_at_the_timeout_and_nothing_survives(
+    tiny, tmp_path, monkeypatch
+):
+    # Everything the episode creates in the temp dir lands in a private one, so the census
+    # counts this test's leftovers only.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    sleepers_before = sleepers()
     env = gym.make("HarnessSWE-v0", harness=NeverExits(), engine=tiny, episode_timeout_s=1.5)
     try:
         env.reset(seed=0)
@@ -181,10 +188,11 @@ def test_a_harness_that_never_exits_is_killed_at_the_timeout_and_nothing_survive
         assert "episode_timeout_s" in info["error"]
         assert (terminated, truncated) == (True, False)
         assert sleepers() == sleepers_before  # the child and the setsid escapee are gone
+        assert any(private_tmp.iterdir())  # the env does keep its files there (repos)
     finally:
         env.close()
     assert sleepers() == sleepers_before
-    assert our_temp_dirs() == temp_before
+    assert list(private_tmp.iterdir()) == []
 
 
 def test_gymnasium_check_env_passes(tiny):
