@@ -29,12 +29,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .engines import Engine, load_engine
-from .episode import EpisodeResult, EpisodeRunner
+from .engines import Engine
+from .episode import EpisodeResult, EpisodeStack
 from .harness import HarnessSpec, load_harness
-from .proxy import InterceptionProxy
 from .rewards import RewardConfig
-from .sandbox import SandboxBackend, default_sandbox, load_sandbox
+from .sandbox import SandboxBackend
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -96,45 +95,30 @@ class HarnessSWEEnv(gym.Env[str, dict]):
         self._episode_timeout_s = episode_timeout_s
         self._test_timeout_s = test_timeout_s
         self._progress = progress
-        self._runner: EpisodeRunner | None = None
-        self._owns_engine = not isinstance(engine, Engine)
+        self._stack: EpisodeStack | None = None
         self._task: Task | None = None
         self._last: EpisodeResult | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def _start(self) -> EpisodeRunner:
-        if self._runner is None:
-            engine = load_engine(self._engine_spec)
-            if hasattr(engine, "add_tasks"):  # the oracle needs to know the answers
-                engine.add_tasks(self.tasks)
+    def _start(self) -> EpisodeStack:
+        if self._stack is None:
             say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
-            self.harness.install(progress=say)
-            proxy = InterceptionProxy(engine).start()
-            self._runner = EpisodeRunner(
-                proxy,
-                self.harness,
-                load_sandbox(self._sandbox_spec or default_sandbox()),
-                reward=self.reward_config,
-                episode_timeout_s=self._episode_timeout_s,
-                test_timeout_s=self._test_timeout_s,
+            self._stack = EpisodeStack(
+                self._engine_spec, [self.harness], sandbox=self._sandbox_spec,
+                reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
+                test_timeout_s=self._test_timeout_s, progress=say,
             )
-        return self._runner
+        return self._stack
 
     @property
     def engine(self) -> Engine:
-        return self._start().proxy.engine
+        return self._start().engine
 
     def close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        runner.proxy.stop()
-        runner.backend.close()
-        runner.close()
-        engine = runner.proxy.engine
-        if self._owns_engine and hasattr(engine, "close"):
-            engine.close()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
 
     # --- gymnasium API --------------------------------------------------------------------
 
@@ -161,7 +145,9 @@ class HarnessSWEEnv(gym.Env[str, dict]):
         if self._task is None:
             raise gym.error.ResetNeeded("call reset() before step(): each step is one episode")
         sampling, version = parse_action(action, self._sampling)
-        self._last = self._start().run(self._task, sampling=sampling, policy_version=version)
+        self._last = self._start().run(
+            self.harness.name, self._task, sampling=sampling, policy_version=version
+        )
         observation = self._task.problem_statement
         self._task = None  # one episode per reset
         return observation, self._last.reward, True, False, self._last.info()

@@ -15,13 +15,16 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engines import Engine, load_engine
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
 from .rewards import RewardConfig
+from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import SandboxBackend, SandboxError, SandboxSpec
 from .tasks.grader import capture_patch, grade
 from .tasks.loader import materialize
@@ -178,6 +181,60 @@ class EpisodeRunner:
 
     def close(self) -> None:
         shutil.rmtree(self._repos, ignore_errors=True)
+
+
+class EpisodeStack:
+    """What an env starts once and shares across its episodes: the engine, one proxy in front
+    of it, the sandbox backend, and one `EpisodeRunner` per harness (installed on the way).
+
+    `HarnessSWEEnv`, `HarnessVectorEnv` and each Ray node build one; an engine given as an
+    object stays the caller's (not closed here), one given as a spec is closed with the stack.
+    """
+
+    def __init__(
+        self,
+        engine: str | Engine,
+        harnesses: Sequence[HarnessSpec],
+        *,
+        sandbox: str | SandboxBackend | None,
+        reward: RewardConfig,
+        episode_timeout_s: float,
+        test_timeout_s: float,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.engine = load_engine(engine)
+        self._owns_engine = not isinstance(engine, Engine)
+        self.proxy = InterceptionProxy(self.engine).start()
+        self.backend = load_sandbox(sandbox or default_sandbox())
+        self.runners: dict[str, EpisodeRunner] = {}
+        for spec in harnesses:
+            if spec.name not in self.runners:
+                spec.install(progress=progress)
+                self.runners[spec.name] = EpisodeRunner(
+                    self.proxy, spec, self.backend, reward=reward,
+                    episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
+                )
+
+    def run(
+        self,
+        harness: str,
+        task: Task,
+        *,
+        sampling: dict[str, Any] | None = None,
+        policy_version: int | None = None,
+    ) -> EpisodeResult:
+        add_tasks = getattr(self.engine, "add_tasks", None)
+        if add_tasks is not None:  # the oracle learns each answer as its episode starts
+            add_tasks([task])
+        return self.runners[harness].run(task, sampling=sampling, policy_version=policy_version)
+
+    def close(self) -> None:
+        self.proxy.stop()
+        self.backend.close()
+        for runner in self.runners.values():
+            runner.close()
+        if self._owns_engine and hasattr(self.engine, "close"):
+            self.engine.close()
 
 
 def _patch_or_empty(sandbox: Any, task: Task) -> str:

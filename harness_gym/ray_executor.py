@@ -43,12 +43,10 @@ from concurrent.futures import Future
 from dataclasses import asdict
 from typing import Any
 
-from .engines import load_engine
-from .episode import EpisodeResult, EpisodeRunner
+from .episode import EpisodeResult, EpisodeStack
 from .harness import HarnessSpec
-from .proxy import InterceptionProxy
 from .rewards import RewardConfig
-from .sandbox import SandboxBackend, load_sandbox
+from .sandbox import SandboxBackend
 from .tasks.task import Task
 
 log = logging.getLogger(__name__)
@@ -70,7 +68,8 @@ def import_ray() -> Any:
 
 class NodeRunner:
     """One node's episode stack: engine (loaded here from its spec), proxy, sandbox backend, and
-    one `EpisodeRunner` per harness. A plain class; the executor runs it as a threaded Ray actor.
+    one `EpisodeRunner` per harness (an `EpisodeStack`). The executor runs it as a threaded Ray
+    actor.
     """
 
     def __init__(
@@ -82,22 +81,16 @@ class NodeRunner:
         episode_timeout_s: float,
         test_timeout_s: float,
     ) -> None:
-        self.engine = load_engine(engine)
-        self.proxy = InterceptionProxy(self.engine).start()
-        self.backend = load_sandbox(sandbox or "local")
-        self.runners: dict[str, EpisodeRunner] = {}
-        for spec in harnesses:
-            if spec.name not in self.runners:
-                spec.install()
-                self.runners[spec.name] = EpisodeRunner(
-                    self.proxy, spec, self.backend, reward=reward,
-                    episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
-                )
+        self.stack = EpisodeStack(
+            engine, harnesses, sandbox=sandbox, reward=reward,
+            episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
+        )
 
     def describe(self) -> dict[str, Any]:
         """Where this runner lives: pid, hostname and proxy URL (also a readiness probe)."""
-        return {"pid": os.getpid(), "host": os.uname().nodename, "proxy_url": self.proxy.url,
-                "engine": self.engine.model_name, "harnesses": sorted(self.runners)}
+        return {"pid": os.getpid(), "host": os.uname().nodename,
+                "proxy_url": self.stack.proxy.url, "engine": self.stack.engine.model_name,
+                "harnesses": sorted(self.stack.runners)}
 
     def run(
         self,
@@ -106,18 +99,11 @@ class NodeRunner:
         sampling: dict[str, Any] | None = None,
         policy_version: int | None = None,
     ) -> dict[str, Any]:
-        if hasattr(self.engine, "add_tasks"):  # the oracle learns each answer as it is dispatched
-            self.engine.add_tasks([task])
-        result = self.runners[harness].run(task, sampling=sampling, policy_version=policy_version)
+        result = self.stack.run(harness, task, sampling=sampling, policy_version=policy_version)
         return asdict(result)
 
     def close(self) -> None:
-        self.proxy.stop()
-        self.backend.close()
-        for runner in self.runners.values():
-            runner.close()
-        if hasattr(self.engine, "close"):
-            self.engine.close()
+        self.stack.close()
 
 
 class RayEpisodeExecutor:

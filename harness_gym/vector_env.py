@@ -48,14 +48,13 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .engines import Engine, load_engine
+from .engines import Engine
 from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
-from .episode import EpisodeResult, EpisodeRunner
+from .episode import EpisodeResult, EpisodeStack
 from .harness import HarnessSpec, load_harness
-from .proxy import InterceptionProxy
 from .ray_executor import RayEpisodeExecutor
 from .rewards import RewardConfig
-from .sandbox import SandboxBackend, load_sandbox
+from .sandbox import SandboxBackend
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -107,13 +106,12 @@ class HarnessVectorEnv(VectorEnv):
         self.action_space = batch_space(ACTION_SPACE, num_envs)
         self.policy_version: int | None = None  # used where an action gives none
         self._engine_spec = engine
-        self._owns_engine = not isinstance(engine, Engine)
         self._sandbox_spec = sandbox
         self._sampling = dict(sampling or {})
         self._episode_timeout_s = episode_timeout_s
         self._test_timeout_s = test_timeout_s
         self._progress = progress
-        self._runners: dict[str, EpisodeRunner] = {}
+        self._stack: EpisodeStack | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._current: list[Task] | None = None
         self._executor = executor
@@ -123,7 +121,7 @@ class HarnessVectorEnv(VectorEnv):
     # --- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._runners or self._ray is not None:
+        if self._stack is not None or self._ray is not None:
             return
         if self._executor == "ray":
             self._ray = RayEpisodeExecutor(
@@ -133,20 +131,12 @@ class HarnessVectorEnv(VectorEnv):
                 **self._ray_options,
             )
             return
-        engine = load_engine(self._engine_spec)
-        if hasattr(engine, "add_tasks"):  # the oracle needs to know the answers
-            engine.add_tasks(self.tasks)
         say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
-        proxy = InterceptionProxy(engine).start()
-        backend = load_sandbox(self._sandbox_spec)
-        for spec in self.harnesses:
-            if spec.name not in self._runners:
-                spec.install(progress=say)
-                self._runners[spec.name] = EpisodeRunner(
-                    proxy, spec, backend, reward=self.reward_config,
-                    episode_timeout_s=self._episode_timeout_s,
-                    test_timeout_s=self._test_timeout_s,
-                )
+        self._stack = EpisodeStack(
+            self._engine_spec, self.harnesses, sandbox=self._sandbox_spec,
+            reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
+            test_timeout_s=self._test_timeout_s, progress=say,
+        )
         self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="harness-episode")
 
     @property
@@ -154,25 +144,18 @@ class HarnessVectorEnv(VectorEnv):
         if self._executor == "ray":
             raise AttributeError("with executor='ray' each node's actor loads its own engine")
         self._start()
-        return next(iter(self._runners.values())).proxy.engine
+        return self._stack.engine
 
     def close_extras(self, **kwargs: Any) -> None:
         ray_executor, self._ray = self._ray, None
         if ray_executor is not None:
             ray_executor.close()
-        runners, self._runners = list(self._runners.values()), {}
+        stack, self._stack = self._stack, None
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        if not runners:
-            return
-        proxy, backend = runners[0].proxy, runners[0].backend  # shared by all runners
-        proxy.stop()
-        backend.close()
-        for runner in runners:
-            runner.close()
-        if self._owns_engine and hasattr(proxy.engine, "close"):
-            proxy.engine.close()
+        if stack is not None:
+            stack.close()
 
     # --- gymnasium API --------------------------------------------------------------------
 
@@ -223,7 +206,7 @@ class HarnessVectorEnv(VectorEnv):
     def _submit(self, harness: str, task: Task, **kwargs: Any) -> Future[EpisodeResult]:
         if self._ray is not None:
             return self._ray.submit(harness, task, **kwargs)
-        return self._pool.submit(self._runners[harness].run, task, **kwargs)
+        return self._pool.submit(self._stack.run, harness, task, **kwargs)
 
     def _draw_tasks(self, task_ids: Sequence[str] | None) -> list[Task]:
         n_groups = self.num_envs // self.group_size

@@ -61,7 +61,7 @@ def stepped(tiny, tmp_path_factory):
         started = time.perf_counter()
         result = envs.step({"policy_version": VERSIONS, "temperature": np.ones(4, np.float32)})
         wall = time.perf_counter() - started
-        (runner,) = vec._runners.values()
+        (runner,) = vec._stack.runners.values()
     finally:
         envs.close()
     return {"vec": vec, "runner": runner, "problems": problems, "reset_infos": reset_infos, "wall": wall,
