@@ -76,6 +76,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
         episode_timeout_s: float = 900.0,
         test_timeout_s: float = 300.0,
         sampling: dict[str, Any] | None = None,
+        context_overflow: str = "error",
         render_mode: str | None = None,
         progress: bool = False,
     ) -> None:
@@ -92,6 +93,9 @@ class HarnessSWEEnv(gym.Env[str, dict]):
         self._engine_spec = engine
         self._sandbox_spec = sandbox
         self._sampling = dict(sampling or {})
+        if context_overflow not in ("error", "truncate"):
+            raise ValueError(f"context_overflow is 'error' or 'truncate', not {context_overflow!r}")
+        self._context_overflow = context_overflow
         self._episode_timeout_s = episode_timeout_s
         self._test_timeout_s = test_timeout_s
         self._progress = progress
@@ -107,7 +111,8 @@ class HarnessSWEEnv(gym.Env[str, dict]):
             self._stack = EpisodeStack(
                 self._engine_spec, [self.harness], sandbox=self._sandbox_spec,
                 reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
-                test_timeout_s=self._test_timeout_s, progress=say,
+                test_timeout_s=self._test_timeout_s, context_overflow=self._context_overflow,
+                progress=say,
             )
         return self._stack
 

@@ -51,6 +51,7 @@ class EpisodeResult:
     patch: str
     trace: list[dict[str, Any]]
     duration_s: float
+    n_truncations: int = 0
     harness_output: dict[str, Any] = field(default_factory=dict)
     grade: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
@@ -64,6 +65,7 @@ class EpisodeResult:
             "reward_breakdown": self.reward_breakdown,
             "n_llm_calls": self.n_llm_calls,
             "n_tool_calls": self.n_tool_calls,
+            "n_truncations": self.n_truncations,
             "tests": self.tests,
             "patch": self.patch,
             "trace": self.trace,
@@ -88,8 +90,10 @@ class EpisodeRunner:
         reward: RewardConfig,
         episode_timeout_s: float,
         test_timeout_s: float,
+        context_overflow: str = "error",
     ) -> None:
         self.proxy = proxy
+        self.context_overflow = context_overflow
         self.harness = harness
         self.backend = backend
         self.reward = reward
@@ -106,6 +110,34 @@ class EpisodeRunner:
                 materialize(task, dest)
         return dest
 
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        """What the task's sandbox starts from: a directory task's materialized repo (copied
+        in), or a dataset row's image, whose checkout is used where it lies (`repo_path` in the
+        row, SWE-bench's `/testbed` by default). Raises `SandboxError` for a row this backend
+        cannot run."""
+        if task.repo_dir is not None:
+            return SandboxSpec(
+                repo=self.repo_for(task), image=task.image_name, label=task.instance_id
+            )
+        if not task.image_name:
+            raise SandboxError(
+                f"task {task.instance_id!r} is a dataset row with no repo_dir and no image_name: "
+                "its repository lives only in its docker image; give the row an image_name and "
+                'run it with sandbox="docker"'
+            )
+        if not getattr(self.backend, "runs_images", False):
+            raise SandboxError(
+                f"task {task.instance_id!r} is a dataset row: its repository lives in the image "
+                f"{task.image_name!r}, which the {getattr(self.backend, 'name', '?')!r} sandbox "
+                'cannot run; use sandbox="docker"'
+            )
+        return SandboxSpec(
+            repo=None,
+            image=task.image_name,
+            workdir=str(task.extra.get("repo_path") or "/testbed"),
+            label=task.instance_id,
+        )
+
     def run(
         self,
         task: Task,
@@ -121,10 +153,8 @@ class EpisodeRunner:
         output = HarnessOutput(None, None, "")
         grade_info: dict[str, Any] = {}
         try:
-            sandbox = self.backend.create(
-                SandboxSpec(repo=self.repo_for(task), image=task.image_name, label=task.instance_id)
-            )
-            session = self.proxy.open_session(policy_version, sampling)
+            sandbox = self.backend.create(self.sandbox_spec(task))
+            session = self.proxy.open_session(policy_version, sampling, self.context_overflow)
             endpoint = Endpoint(
                 base_url=sandbox.proxy_url(self.proxy.url),
                 api_key=session.session_id,
@@ -172,6 +202,7 @@ class EpisodeRunner:
             patch=patch,
             trace=trace_json.get("segments", []),
             duration_s=time.monotonic() - started,
+            n_truncations=trace_json.get("n_truncations", 0),
             harness_output={"final_message": output.final_message,
                             "n_tool_calls": output.n_tool_calls, "tail": output.tail,
                             "error": output.error},
@@ -200,6 +231,7 @@ class EpisodeStack:
         reward: RewardConfig,
         episode_timeout_s: float,
         test_timeout_s: float,
+        context_overflow: str = "error",
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = load_engine(engine)
@@ -213,6 +245,7 @@ class EpisodeStack:
                 self.runners[spec.name] = EpisodeRunner(
                     self.proxy, spec, self.backend, reward=reward,
                     episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
+                    context_overflow=context_overflow,
                 )
 
     def run(

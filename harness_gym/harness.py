@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+from .plugins import load_plugin, plugin_names
 from .sandbox.base import Job, Sandbox
 
 Dialect = Literal["openai-chat", "anthropic-messages", "openai-responses"]
@@ -273,24 +273,29 @@ class HarnessSpec(abc.ABC):
 
 def available_harnesses() -> list[str]:
     """Names of the installed harness plugins."""
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return plugin_names(ENTRY_POINT_GROUP)
 
 
 def load_harness(spec: str | HarnessSpec) -> HarnessSpec:
     """A harness plugin by entry-point name (`"pi"`), or the given spec unchanged."""
     if isinstance(spec, HarnessSpec):
         return spec
-    found = entry_points(group=ENTRY_POINT_GROUP, name=spec)
-    if not found:
-        raise HarnessError(
-            f"unknown harness {spec!r}; installed: {', '.join(available_harnesses())}"
-            " (a harness is an entry point in the group 'harness_gym.harnesses';"
-            " is harness-gym installed, e.g. `pip install -e .`?)"
-        )
-    harness = next(iter(found)).load()()
-    if not isinstance(harness, HarnessSpec):
-        raise HarnessError(f"entry point {spec!r} made {harness!r}, not a HarnessSpec")
-    return harness
+    return load_plugin(ENTRY_POINT_GROUP, spec, HarnessSpec, noun="harness", error=HarnessError)
+
+
+def json_events(stdout: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a CLI's JSON-lines output; other lines (plain notices the CLIs mix
+    in) are skipped."""
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            yield event
 
 
 def tail(text: str, limit: int = 4_000) -> str:

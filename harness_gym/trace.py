@@ -97,6 +97,7 @@ class CallRecord:
     bridged: bool  # the prompt extended an earlier call's tokens
     kind: str  # "extend", "new", "branch", "retry", "aborted"
     latency_s: float
+    truncated_tool_results: int = 0  # blanked by context_overflow="truncate"
 
 
 @dataclass
@@ -107,6 +108,10 @@ class SessionTrace:
     @property
     def n_llm_calls(self) -> int:
         return sum(1 for c in self.calls if c.kind != "aborted")
+
+    @property
+    def n_truncations(self) -> int:
+        return sum(1 for c in self.calls if c.truncated_tool_results)
 
     @property
     def n_tool_calls(self) -> int:

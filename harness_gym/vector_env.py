@@ -79,6 +79,7 @@ class HarnessVectorEnv(VectorEnv):
         test_timeout_s: float = 300.0,
         group_size: int = 1,
         sampling: dict[str, Any] | None = None,
+        context_overflow: str = "error",
         progress: bool = True,
         executor: str = "threads",
         ray_address: str | None = None,
@@ -108,6 +109,9 @@ class HarnessVectorEnv(VectorEnv):
         self._engine_spec = engine
         self._sandbox_spec = sandbox
         self._sampling = dict(sampling or {})
+        if context_overflow not in ("error", "truncate"):
+            raise ValueError(f"context_overflow is 'error' or 'truncate', not {context_overflow!r}")
+        self._context_overflow = context_overflow
         self._episode_timeout_s = episode_timeout_s
         self._test_timeout_s = test_timeout_s
         self._progress = progress
@@ -135,7 +139,8 @@ class HarnessVectorEnv(VectorEnv):
         self._stack = EpisodeStack(
             self._engine_spec, self.harnesses, sandbox=self._sandbox_spec,
             reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
-            test_timeout_s=self._test_timeout_s, progress=say,
+            test_timeout_s=self._test_timeout_s, context_overflow=self._context_overflow,
+            progress=say,
         )
         self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="harness-episode")
 

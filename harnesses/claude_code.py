@@ -30,8 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
-from .pi import _json_object
+from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, json_events, tail
 
 
 class ClaudeCodeHarness(HarnessSpec):
@@ -67,10 +66,7 @@ class ClaudeCodeHarness(HarnessSpec):
         final: str | None = None
         error: str | None = None
         n_tool_calls: int | None = None
-        for line in stdout.splitlines():
-            event = _json_object(line)
-            if event is None:
-                continue
+        for event in json_events(stdout):
             kind = event.get("type")
             if kind == "system" and event.get("subtype") == "init":
                 n_tool_calls = n_tool_calls or 0

@@ -40,9 +40,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..harness import Endpoint, HarnessOutput, HarnessSpec, LaunchPlan, Package, tail
+from ..harness import (
+    Endpoint,
+    HarnessOutput,
+    HarnessSpec,
+    LaunchPlan,
+    Package,
+    json_events,
+    tail,
+)
 from ..sandbox.base import Sandbox
-from .pi import _json_object
 
 PROVIDER = "harness-gym"
 VERSION = "1.18.33"
@@ -121,10 +128,7 @@ class OpenCodeHarness(HarnessSpec):
         final: str | None = None
         error: str | None = None
         n_tool_calls: int | None = None
-        for line in stdout.splitlines():
-            event = _json_object(line)
-            if event is None:
-                continue
+        for event in json_events(stdout):
             kind = event.get("type")
             part = event.get("part") or {}
             if n_tool_calls is None:

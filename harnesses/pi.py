@@ -31,9 +31,8 @@ Measured with 0.73.1 (tests/test_harness_pi.py; request shapes in tests/fixtures
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
+from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, json_events, tail
 
 PROVIDER = "harness-gym"
 
@@ -86,10 +85,7 @@ class PiHarness(HarnessSpec):
         final: str | None = None
         error: str | None = None
         n_tool_calls: int | None = None
-        for line in stdout.splitlines():
-            event = _json_object(line)
-            if event is None:
-                continue
+        for event in json_events(stdout):
             kind = event.get("type")
             if kind == "tool_execution_start":
                 n_tool_calls = (n_tool_calls or 0) + 1
@@ -110,13 +106,3 @@ class PiHarness(HarnessSpec):
                     final = text
         return HarnessOutput(final, n_tool_calls, tail(stdout), error)
 
-
-def _json_object(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

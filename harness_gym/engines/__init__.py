@@ -11,9 +11,9 @@ cheap (no torch) for code that only needs the seam, like a proxy in front of a r
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from ..plugins import load_plugin, plugin_names
 from .base import (
     Completion,
     ContextLengthExceeded,
@@ -69,7 +69,7 @@ def __getattr__(name: str) -> Any:
 
 def available_engines() -> list[str]:
     """Engine names registered in the `harness_gym.engines` entry-point group."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return plugin_names(ENTRY_POINT_GROUP)
 
 
 def load_engine(spec: str | Engine) -> Engine:
@@ -84,13 +84,4 @@ def load_engine(spec: str | Engine) -> Engine:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"an engine spec is a non-empty string or an Engine, got {spec!r}")
     name, _, arg = spec.strip().partition(":")
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not matches:
-        known = ", ".join(available_engines()) or "none (is harness-gym installed?)"
-        raise ValueError(f"unknown engine {name!r} in spec {spec!r}; known engines: {known}")
-    engine = matches[0].load()(arg)
-    if not isinstance(engine, Engine):
-        raise TypeError(
-            f"the loader for engine {name!r} returned {type(engine).__name__}, not an Engine"
-        )
-    return engine
+    return load_plugin(ENTRY_POINT_GROUP, name, Engine, arg, noun="engine", error=ValueError)

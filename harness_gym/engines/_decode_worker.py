@@ -11,14 +11,16 @@ batched numerics depend on what else is in the batch (padding, shapes), so the s
 no longer give the same tokens, nor would p_old equal a lone re-score.
 
 A prompt is prefilled in one forward. With SDPA and no explicit mask that takes torch's
-memory-bounded causal kernel: 25k tokens of the tiny model in ~1.4 s and ~+200 MB, where chunked
-prefill (which needs an explicit mask) was 2-3x slower and 4x larger at 60k tokens, and eager
-attention took 22 GB. The price is that a long prefill pauses the other streams while it runs.
+memory-bounded causal kernel: 25k tokens of the tiny model in ~2.6 s on one core (~1.4 s on two)
+and ~+170 MB, where chunked prefill (which needs an explicit mask) was 2-3x slower and 4x larger
+at 60k tokens, and eager attention took 22 GB. The price: a long prefill pauses the other streams
+(and an abort waits for it to end).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -62,14 +64,15 @@ class DecodeWorker:
         self, model: Any, *, max_context: int, name: str = "policy", num_threads: int | None = None
     ) -> None:
         self._model = model
-        # Prefill uses every core it is given. Decode steps leave one core free: each sampled
-        # token wakes the event loop, and when every core runs an OpenMP team the loop's thread
-        # gets descheduled holding the GIL, which the worker then waits on (measured on 2 cores:
-        # tiny decode swung between 47 and 1400 tok/s). torch.set_num_threads is per thread
-        # under OpenMP, so switching it on the worker touches no other thread.
-        self._prefill_threads = num_threads or torch.get_num_threads()
-        self._decode_threads = max(1, self._prefill_threads - 1)
-        self._threads = 0
+        # One core is left to everything else: the event loop that streams each token, the harness
+        # CLIs, the tests. OpenMP teams spin at their barriers, so when every core runs one, a
+        # descheduled team thread (or the loop's thread holding the GIL) stalls each op. Measured
+        # on 2 cores with other work running: SmolLM2's 38-token prefill took 0.2 s on 1 thread
+        # and 0.8-2.0 s on 2; tiny's decode swung between 47 and 1400 tok/s on 2 threads and held
+        # ~1300 on 1. On an idle machine 2 threads prefill 25k tiny tokens 2x faster (1.4 s vs
+        # 2.6 s): pass num_threads to take that. set_num_threads is per thread under OpenMP, so
+        # setting it on the worker touches no other thread.
+        self._num_threads = num_threads or max(1, _usable_cores() - 1)
         self._max_context = max_context
         self._device = model.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -128,6 +131,7 @@ class DecodeWorker:
     # -- the worker thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        torch.set_num_threads(self._num_threads)
         try:
             with torch.inference_mode():
                 while self._serve_round():
@@ -218,14 +222,7 @@ class DecodeWorker:
         request.next_input = torch.tensor([[token]], dtype=torch.long, device=self._device)
         return False
 
-    def _use_threads_for(self, n_tokens: int) -> None:
-        wanted = self._prefill_threads if n_tokens > 1 else self._decode_threads
-        if wanted != self._threads:
-            torch.set_num_threads(wanted)
-            self._threads = wanted
-
     def _last_logits(self, inputs: torch.Tensor, cache: Any) -> torch.Tensor:
-        self._use_threads_for(inputs.shape[1])
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = 1  # a 25k-token prefill would else build 25k x vocab logits
@@ -241,7 +238,6 @@ class DecodeWorker:
         problem = self._invalid_ids(inputs) or self._invalid_ids(targets)
         if problem:
             raise ValueError(f"token ids {problem}")
-        self._use_threads_for(inputs.shape[1])
         kwargs: dict[str, Any] = {"use_cache": False}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = n
@@ -256,3 +252,9 @@ class DecodeWorker:
                 f"hold {low if low < 0 else high}, outside the vocabulary [0, {self._vocab_size})"
             )
         return None
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # Linux: honours taskset and container CPU sets
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -27,8 +27,8 @@ class TransformersEngine(Engine):
     `SamplingParams.seed` gives the same tokens whether the stream is consumed chunk by chunk or
     through `generate()`, alone or alongside other streams.
 
-    `num_threads` caps the CPU threads of a prefill (default: torch's, i.e. every core); decode
-    steps use one fewer, so the event loop keeps a core (see `_decode_worker`).
+    `num_threads` is the worker's CPU threads (default: all cores but one, so the event loop and
+    the harness processes keep a core; see `_decode_worker` for the measurements).
 
     >>> import asyncio
     >>> from harness_gym.engines import SamplingParams, load_engine

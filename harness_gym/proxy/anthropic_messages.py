@@ -284,6 +284,8 @@ _ERRORS = {
     "context_length": ("invalid_request_error", 400),
     "authentication": ("authentication_error", 401),
     "not_found": ("not_found_error", 404),
+    "too_large": ("request_too_large", 413),
+    "rate_limited": ("rate_limit_error", 429),
     "overloaded": ("overloaded_error", 529),  # Anthropic's retriable "Overloaded"
     "internal": ("api_error", 500),
 }

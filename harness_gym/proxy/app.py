@@ -122,30 +122,48 @@ class ProxyApp:
         as SSE or JSON through the dialect's writer, and shape every error the dialect's way."""
         try:
             session = self._session(request)
-            chat = dialect.parse(parse_json_body(await request.body()))
-            call = await prepare_call(session, self.engine, chat, self.settings)
+            session.acquire_call_slot(self.settings.max_calls_in_flight_per_session)
         except ProxyError as error:
             return dialect.error_response(error)
-        writer = dialect.writer(chat.model or self.engine.model_name, chat, call.prompt_tokens)
-        if chat.stream:
-            return StreamingResponse(
-                self._stream(call, writer), media_type="text/event-stream",
-                headers={"cache-control": "no-cache"},
-            )
+        streaming = False
         try:
+            chat = dialect.parse(parse_json_body(await self._body(request)))
+            call = await prepare_call(session, self.engine, chat, self.settings)
+            writer = dialect.writer(chat.model or self.engine.model_name, chat, call.prompt_tokens)
+            if chat.stream:
+                streaming = True
+                return StreamingResponse(
+                    self._stream(call, writer, on_end=session.release_call_slot),
+                    media_type="text/event-stream", headers={"cache-control": "no-cache"},
+                )
             async for event in call.events():
                 if not isinstance(event, KeepAlive):
                     writer.feed(event)
+            return JSONResponse(writer.body())
         except ProxyError as error:
             return dialect.error_response(error)
         except Exception as exc:  # the engine failed mid-call; the call is recorded aborted
             return dialect.error_response(ProxyError("overloaded", f"the engine failed: {exc}"))
-        return JSONResponse(writer.body())
+        finally:
+            if not streaming:  # a stream releases its slot when it ends
+                session.release_call_slot()
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ProxyError("too_large", f"Request body of {declared} bytes exceeds {limit}.")
+        body = await request.body()
+        if len(body) > limit:
+            raise ProxyError("too_large", f"Request body of {len(body)} bytes exceeds {limit}.")
+        return body
 
     @staticmethod
-    async def _stream(call: PreparedCall, writer: Any) -> AsyncIterator[bytes]:
-        yield writer.start()
+    async def _stream(
+        call: PreparedCall, writer: Any, on_end: Callable[[], None]
+    ) -> AsyncIterator[bytes]:
         try:
+            yield writer.start()
             async for event in call.events():
                 chunk = writer.keepalive() if isinstance(event, KeepAlive) else writer.feed(event)
                 if chunk:
@@ -155,6 +173,8 @@ class ProxyApp:
             yield writer.error_event(
                 exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
             )
+        finally:
+            on_end()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._dialect_call(request, OPENAI_CHAT)
@@ -226,7 +246,11 @@ class ProxyApp:
             raw = await request.body()
             body = parse_json_body(raw) if raw.strip() else {}
             version = field(body, "policy_version", int, "policy_version")
-            session = self.sessions.open(version, field(body, "sampling", dict, "sampling"))
+            session = self.sessions.open(
+                version,
+                field(body, "sampling", dict, "sampling"),
+                field(body, "context_overflow", str, "context_overflow", default="error"),
+            )
         except ProxyError as error:
             return self._openai_error(error)
         return JSONResponse(

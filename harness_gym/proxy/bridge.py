@@ -18,13 +18,23 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..engines.base import Completion
 from ..trace import CallRecord, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
 from .rendering import PromptRenderer, TemplateNotIncremental
+
+
+TRUNCATED_TOOL_RESULT = "[tool output removed by harness-gym: the context was full]"
+
+
+class ContextStillTooLong(Exception):
+    def __init__(self, prompt_tokens: int) -> None:
+        super().__init__(f"still {prompt_tokens} tokens with every tool result removed")
+        self.prompt_tokens = prompt_tokens
 
 
 def _chain(previous: bytes, key: bytes) -> bytes:
@@ -54,6 +64,7 @@ class PromptPlan:
     kind: Literal["extend", "new", "retry"]
     parent: TurnNode | None = None  # set for "extend" and "retry"
     inserted_ids: tuple[int, ...] = ()  # tokens after parent.end; mask 0
+    truncated_tool_results: int = 0
 
 
 class PromptBridge:
@@ -97,6 +108,26 @@ class PromptBridge:
         prompt = self.renderer.render_full(request.messages, request.tools)
         return PromptPlan(prompt, request_key, tools_key, "new")
 
+    def plan_truncated(self, request: ChatRequest, fits: Callable[[int], bool]) -> PromptPlan:
+        """A prompt for a request too long for the model: the oldest tool results are blanked,
+        one at a time, until `fits(prompt_len)`. The prompt no longer extends earlier tokens,
+        so it starts a new segment; its turn is remembered under the *original* request's
+        chain, so the CLI's next call (full history + our turn) extends the truncated segment.
+        Raises `ContextStillTooLong` when blanking every tool result is not enough."""
+        original = self.plan(request)
+        messages = list(request.messages)
+        blanked = 0
+        for index, message in enumerate(messages):
+            if message.role != "tool" or message.content == TRUNCATED_TOOL_RESULT:
+                continue
+            messages[index] = replace(message, content=TRUNCATED_TOOL_RESULT)
+            blanked += 1
+            prompt = self.renderer.render_full(messages, request.tools)
+            if fits(len(prompt)):
+                return PromptPlan(prompt, original.request_key, original.tools_key, "new",
+                                  truncated_tool_results=blanked)
+        raise ContextStillTooLong(len(original.prompt_ids) if not blanked else len(prompt))
+
     def commit(
         self, plan: PromptPlan, completion: Completion, turn: AssistantTurn, latency_s: float
     ) -> TurnNode:
@@ -133,6 +164,7 @@ class PromptBridge:
                     bridged=plan.kind != "new",
                     kind=kind,
                     latency_s=latency_s,
+                    truncated_tool_results=plan.truncated_tool_results,
                 )
             )
             self._requests[plan.request_key] = node
@@ -179,7 +211,8 @@ class PromptBridge:
             self._agent_tools_key = plan.tools_key
         role = "agent" if plan.tools_key == self._agent_tools_key else "auxiliary"
         parent = plan.parent.segment if plan.parent is not None else None
-        segments.append(TraceSegment(role, plan.prompt_ids, len(plan.prompt_ids), parent=parent))
+        # A copy: the segment grows as calls land, the plan's prompt must not.
+        segments.append(TraceSegment(role, list(plan.prompt_ids), len(plan.prompt_ids), parent=parent))
         return ("branch" if parent is not None else "new"), len(segments) - 1
 
     def _is_tail(self, node: TurnNode) -> bool:

@@ -10,6 +10,8 @@ ErrorKind = Literal[
     "context_length",  # 400: prompt does not fit the model's context
     "authentication",  # 401: unknown session key
     "not_found",  # 404
+    "too_large",  # 413: the request body is over the proxy's limit
+    "rate_limited",  # 429: the session has too many calls in flight
     "overloaded",  # engine unavailable: retriable
     "internal",  # 500
 ]
@@ -19,6 +21,8 @@ STATUS: dict[str, int] = {
     "context_length": 400,
     "authentication": 401,
     "not_found": 404,
+    "too_large": 413,
+    "rate_limited": 429,
     "overloaded": 503,
     "internal": 500,
 }

@@ -25,7 +25,7 @@ from ..engines.base import (
     TokenChunk,
     routing_key,
 )
-from .bridge import PromptPlan
+from .bridge import ContextStillTooLong, PromptPlan
 from .canonical import AssistantTurn, ChatRequest, ToolCall
 from .detokenize import IncrementalDetokenizer
 from .errors import ProxyError
@@ -53,6 +53,8 @@ class ProxySettings:
     # that is down still gets a proper HTTP error), and how often it pings after that.
     first_token_grace_s: float = 1.0
     keepalive_s: float = 5.0
+    max_body_bytes: int = 32 * 1024 * 1024  # 413 above this
+    max_calls_in_flight_per_session: int = 16  # 429 above this: a runaway client, not an agent
 
 
 class PreparedCall:
@@ -168,7 +170,10 @@ async def prepare_call(
     try:
         engine.check_fits(prompt_len)
     except ContextLengthExceeded as exc:
-        raise _context_error(exc) from None
+        if session.context_overflow != "truncate":
+            raise _context_error(exc) from None
+        plan = await _truncated_plan(session, engine, request, settings, exc)
+        prompt_len = len(plan.prompt_ids)
     sampling = session.sampling_params(
         request.sampling, prompt_len, engine.max_context, settings.default_max_tokens
     )
@@ -187,6 +192,26 @@ async def prepare_call(
                 await stream.aclose()
             raise
     return PreparedCall(session, engine, request, plan, stream, first, started, settings.keepalive_s)
+
+
+async def _truncated_plan(
+    session: ProxySession,
+    engine: Engine,
+    request: ChatRequest,
+    settings: ProxySettings,
+    overflow: ContextLengthExceeded,
+) -> PromptPlan:
+    # Room for an answer (the session's token cap, within a quarter of the context), and cut
+    # down to three quarters of what is left, so the next turns extend this segment instead of
+    # each truncating (and forking) again.
+    reserve = min(session.sampling.get("max_tokens", settings.default_max_tokens),
+                  engine.max_context // 4)
+    low_water = (engine.max_context - reserve) * 3 // 4
+    fits = lambda n: n <= low_water  # noqa: E731
+    try:
+        return await anyio.to_thread.run_sync(session.bridge.plan_truncated, request, fits)
+    except ContextStillTooLong as exc:
+        raise _context_error(ContextLengthExceeded(exc.prompt_tokens, engine.max_context)) from None
 
 
 def _first_result(first: asyncio.Future[TokenChunk | None]) -> TokenChunk | None:

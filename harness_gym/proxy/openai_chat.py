@@ -281,6 +281,8 @@ _ERROR_TYPES = {
     "context_length": ("invalid_request_error", "context_length_exceeded"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
     "not_found": ("invalid_request_error", "not_found"),
+    "too_large": ("invalid_request_error", "request_too_large"),
+    "rate_limited": ("requests", "rate_limit_exceeded"),
     "overloaded": ("server_error", "overloaded"),
     "internal": ("server_error", None),
 }

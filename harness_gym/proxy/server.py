@@ -102,9 +102,12 @@ class InterceptionProxy:
         await serve
 
     def open_session(
-        self, policy_version: int | None = None, sampling: dict[str, Any] | None = None
+        self,
+        policy_version: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        context_overflow: str = "error",
     ) -> ProxySession:
-        return self.sessions.open(policy_version, sampling)
+        return self.sessions.open(policy_version, sampling, context_overflow)
 
     def close_session(self, session_id: str) -> ProxySession:
         return self.sessions.close(session_id)

@@ -16,6 +16,16 @@ from .errors import ProxyError, invalid
 from .rendering import PromptRenderer
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+CONTEXT_OVERFLOW = ("error", "truncate")
+
+
+def check_context_overflow(value: Any) -> str:
+    if value not in CONTEXT_OVERFLOW:
+        raise invalid(
+            f"context_overflow must be one of {list(CONTEXT_OVERFLOW)}, got {value!r}",
+            "context_overflow",
+        )
+    return value
 
 
 def parse_session_sampling(raw: Any) -> dict[str, Any]:
@@ -55,12 +65,30 @@ class ProxySession:
     renderer: PromptRenderer
     sampling: dict[str, Any] = field(default_factory=dict)
     policy_version: int | None = None
+    # "error": a prompt that does not fit gets the dialect's context-too-long error (the CLI
+    # compacts its own history). "truncate": the proxy blanks the oldest tool results until it
+    # fits, records it, and starts a new segment.
+    context_overflow: str = "error"
     trace: SessionTrace = field(default_factory=SessionTrace)
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         self.bridge = PromptBridge(self.renderer, self.trace)
         self.closed = False
+        self.calls_in_flight = 0  # touched on the proxy's event loop only
+
+    def acquire_call_slot(self, limit: int) -> None:
+        """Take one of the session's `limit` concurrent-call slots, or raise a 429."""
+        if self.calls_in_flight >= limit:
+            raise ProxyError(
+                "rate_limited",
+                f"Rate limit reached: this session already has {limit} calls in flight; "
+                "retry when one finishes.",
+            )
+        self.calls_in_flight += 1
+
+    def release_call_slot(self) -> None:
+        self.calls_in_flight -= 1
 
     def sampling_params(
         self, request: SamplingRequest, prompt_len: int, max_context: int, default_max_tokens: int
@@ -81,6 +109,7 @@ class ProxySession:
             "segments": self.trace.to_dicts(),
             "n_llm_calls": self.trace.n_llm_calls,
             "n_tool_calls": self.trace.n_tool_calls,
+            "n_truncations": self.trace.n_truncations,
         }
 
 
@@ -91,11 +120,15 @@ class SessionRegistry:
         self._lock = threading.Lock()
 
     def open(
-        self, policy_version: int | None = None, sampling: dict[str, Any] | None = None
+        self,
+        policy_version: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        context_overflow: str = "error",
     ) -> ProxySession:
         session_id = "hg-" + secrets.token_urlsafe(24)
         session = ProxySession(
-            session_id, self._renderer, parse_session_sampling(sampling), policy_version
+            session_id, self._renderer, parse_session_sampling(sampling), policy_version,
+            context_overflow=check_context_overflow(context_overflow),
         )
         with self._lock:
             self._sessions[session_id] = session

@@ -113,8 +113,9 @@ def parse_hermes_body(body: str) -> ToolCall | None:
         return None
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):
+        # Blank means "no arguments", as clients read it when they echo the call back.
         try:
-            arguments = orjson.loads(arguments)
+            arguments = orjson.loads(arguments) if arguments.strip() else {}
         except orjson.JSONDecodeError:
             pass
     return ToolCall(id=new_tool_call_id(), name=obj["name"], arguments=arguments)

@@ -12,8 +12,7 @@ is registered there too (setup.cfg), so a third-party backend needs nothing but 
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
+from ..plugins import load_plugin, plugin_names
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 ENTRY_POINT_GROUP = "harness_gym.sandboxes"
@@ -34,7 +33,7 @@ __all__ = [
 
 def available_sandboxes() -> list[str]:
     """Names of the installed sandbox backends."""
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return plugin_names(ENTRY_POINT_GROUP)
 
 
 def default_sandbox() -> str:
@@ -50,15 +49,6 @@ def load_sandbox(spec: str | SandboxBackend) -> SandboxBackend:
     """A backend by entry-point name (`"local"`), or the given backend object unchanged."""
     if isinstance(spec, SandboxBackend):
         return spec
-    found = entry_points(group=ENTRY_POINT_GROUP, name=spec)
-    if not found:
-        raise SandboxError(
-            f"unknown sandbox backend {spec!r}; installed: {', '.join(available_sandboxes())}"
-            " (a backend is an entry point in the group 'harness_gym.sandboxes';"
-            " is harness-gym installed, e.g. `pip install -e .`?)"
-        )
-    factory = next(iter(found)).load()
-    backend = factory()
-    if not isinstance(backend, SandboxBackend):
-        raise SandboxError(f"entry point {spec!r} made {backend!r}, not a SandboxBackend")
-    return backend
+    return load_plugin(
+        ENTRY_POINT_GROUP, spec, SandboxBackend, noun="sandbox backend", error=SandboxError
+    )

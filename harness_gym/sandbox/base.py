@@ -34,10 +34,16 @@ class SandboxSpec:
     `repo` is a host directory copied (with its .git) to `Sandbox.workdir`; `image` is for
     container backends; `env` is added to every command's environment (HOME always points at the
     sandbox's own home).
+
+    `workdir` is where the repo already is inside `image` (a SWE-bench / SWE-rebench row's
+    image holds its checkout at `/testbed`, at the row's base commit): nothing is copied and
+    `Sandbox.workdir` is that path. Only backends that run images honour it (their backend
+    class sets `runs_images = True`); give it with `repo=None`.
     """
 
     repo: Path | None = None
     image: str | None = None
+    workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     label: str = "rollout"
 

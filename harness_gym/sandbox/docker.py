@@ -11,6 +11,12 @@ under a path of its own, as with `local` and `bwrap`::
     /sandbox/<id>/logs   stdout/stderr of commands
     /sandbox/<id>/run    bind mount of a host dir holding the proxy's unix socket
 
+A spec with `workdir` (a SWE-bench / SWE-rebench row: the repo already lives in the row's image,
+at `/testbed` by SWE-bench's convention, checked out at the row's base commit) copies nothing:
+`Sandbox.workdir` is that path in the image, commands run there, HOME, TMPDIR and logs stay
+under /sandbox/<id>/, and the repo is marked `safe.directory` in the container's system git
+config, so git works on it whichever uid owns it.
+
 The harness cache (`~/.cache/harness-gym`) is bind-mounted read-only at its host path and the
 host's `node` at /usr/local/bin/node, so a harness installed on the host runs unchanged inside
 (the daemon must run on this host; other runtimes go in the image or `extra_mounts`).
@@ -80,6 +86,13 @@ rc=$?
 if [ "$emit" = 1 ]; then cat "$out"; cat "$err" >&2; rm -f "$out" "$err"; fi
 [ "$in" = /dev/null ] || rm -f "$in"
 exit $rc
+"""
+
+# Checks the image's repo dir and trusts it for git (system config: HOME is the sandbox's own,
+# and a checkout owned by another uid would otherwise make every git command refuse it).
+_ADOPT_WORKDIR = r"""
+[ -d "$1" ] || { echo "no directory $1 in the image" >&2; exit 3; }
+git config --system --add safe.directory "$1" 2>/dev/null || true
 """
 
 # SIGKILLs every process whose environment holds $1=$2, until a scan finds none (a process
@@ -321,10 +334,19 @@ class DockerSandbox(Sandbox):
         self.id = uuid.uuid4().hex[:16]
         self.root = f"/sandbox/{self.id}"
         self.workdir = f"{self.root}/work"
-        self.home = f"{self.root}/home"
-        self._api = backend._client.api
         self._closed = False
         self._lock = threading.Lock()
+        if spec.workdir is not None:
+            if spec.repo is not None:
+                raise SandboxError(
+                    f"a SandboxSpec gives repo={spec.repo} or workdir={spec.workdir!r}, not both: "
+                    "repo is copied in, workdir is where the image already holds the repo"
+                )
+            if not posixpath.isabs(spec.workdir):
+                raise SandboxError(f"SandboxSpec.workdir must be absolute, got {spec.workdir!r}")
+            self.workdir = posixpath.normpath(spec.workdir)
+        self.home = f"{self.root}/home"
+        self._api = backend._client.api
         self._relays: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
         self._jobs: list[DockerJob] = []  # background jobs, whose streams close() closes
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
@@ -370,15 +392,26 @@ class DockerSandbox(Sandbox):
         try:
             layout = [("sandbox", None, 0o755), (self.root[1:], None, 0o755)]
             layout += [(f"{self.root[1:]}/{d}", None, 0o755) for d in ("home", "tmp", "logs")]
-            if spec.repo is None:
+            if spec.repo is None and spec.workdir is None:
                 layout.append((self.workdir[1:], None, 0o755))
             self.container.put_archive("/", _tar(layout))
             if spec.repo is not None:
                 self.container.put_archive("/", _tar_tree(Path(spec.repo), self.workdir[1:]))
             self.container.start()
+            if spec.workdir is not None:
+                adopt = self.container.exec_run(["sh", "-c", _ADOPT_WORKDIR, "sh", self.workdir])
+                if adopt.exit_code != 0:
+                    said = adopt.output.decode(errors="replace").strip()[-500:]
+                    raise SandboxError(
+                        f"image {image!r} has no repo at workdir {self.workdir!r} ({said}); "
+                        "set the row's repo_path to where its image keeps the checkout"
+                    )
         except BaseException as exc:
             self.close()
-            raise SandboxError(f"could not start a sandbox from {spec.repo}: {exc}") from exc
+            if isinstance(exc, SandboxError):
+                raise
+            source = spec.repo if spec.workdir is None else f"{image}:{spec.workdir}"
+            raise SandboxError(f"could not start a sandbox from {source}: {exc}") from exc
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -553,6 +586,7 @@ class DockerSandboxBackend(SandboxBackend):
     """
 
     name = "docker"
+    runs_images = True  # honours SandboxSpec.image and .workdir: dataset rows run here
 
     def __init__(
         self,
