@@ -4,9 +4,7 @@ way, so a third-party package adds any of them with nothing but an entry point."
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 def plugin_names(group: str) -> list[str]:
@@ -14,8 +12,8 @@ def plugin_names(group: str) -> list[str]:
 
 
 def load_plugin(
-    group: str, name: str, kind: type[T], *args: Any, noun: str, error: type[Exception]
-) -> T:
+    group: str, name: str, kind: type, *args: Any, noun: str, error: type[Exception]
+) -> Any:
     """Call the factory registered as `name` in `group` with `args`; the result must be a
     `kind`. Unknown names and wrong results raise `error` saying what is installed."""
     found = entry_points(group=group, name=name)

@@ -80,10 +80,12 @@ class NodeRunner:
         reward: RewardConfig,
         episode_timeout_s: float,
         test_timeout_s: float,
+        context_overflow: str = "error",
     ) -> None:
         self.stack = EpisodeStack(
             engine, harnesses, sandbox=sandbox, reward=reward,
             episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
+            context_overflow=context_overflow,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -123,6 +125,7 @@ class RayEpisodeExecutor:
         episode_timeout_s: float,
         test_timeout_s: float,
         max_episodes_per_node: int,
+        context_overflow: str = "error",
         address: str | None = None,
         init_kwargs: dict[str, Any] | None = None,
         actor_options: dict[str, Any] | None = None,
@@ -166,7 +169,7 @@ class RayEpisodeExecutor:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                     **options,
                 ).remote(engine, list(harnesses), sandbox, reward, episode_timeout_s,
-                         test_timeout_s))
+                         test_timeout_s, context_overflow))
             self._in_flight = [0] * len(self._actors)
             # Wait for every node's stack, so a bad spec fails here and not mid-step.
             self.nodes = ray.get([a.describe.remote() for a in self._actors])

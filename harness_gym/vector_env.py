@@ -132,6 +132,7 @@ class HarnessVectorEnv(VectorEnv):
                 engine=self._engine_spec, harnesses=self.harnesses, sandbox=self._sandbox_spec,
                 reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
                 test_timeout_s=self._test_timeout_s, max_episodes_per_node=self.num_envs,
+                context_overflow=self._context_overflow,
                 **self._ray_options,
             )
             return

@@ -122,3 +122,27 @@ def test_a_third_party_plugin_installs_by_entry_point_and_solves_a_task(tmp_path
     infos = json.loads(lines[-1][len("RESULT "):])
     assert [(i["engine"], i["outcome"], i["harness"]) for i in infos] == [
         ("oracle", "passed", "tiny-agent"), ("oracle:noop", "failed", "tiny-agent")]
+
+
+@pytest.mark.slow
+def test_one_vector_env_trains_one_policy_across_all_four_clis():
+    """Each sub-env runs its own CLI on the same task (a group that compares harnesses), all
+    through one proxy and one engine; every trace is labelled by the harness that made it."""
+    import gymnasium as gym
+
+    import harness_gym  # noqa: F401
+
+    if shutil.which("npm") is None:
+        pytest.skip("the CLIs install with npm")
+    envs = gym.make_vec("HarnessSWE-v0", num_envs=4, vectorization_mode="vector_entry_point",
+                        group_size=4, harness=list(BUILTIN), engine="oracle", progress=False)
+    try:
+        envs.reset(seed=0, options={"task_ids": [TASK_IDS[0]]})
+        _, rewards, _, _, infos = envs.step(None)
+    finally:
+        envs.close()
+    assert list(infos["harness"]) == list(BUILTIN)
+    assert list(infos["outcome"]) == ["passed"] * 4 and len(set(rewards)) == 1
+    for harness, trace in zip(BUILTIN, infos["trace"]):
+        roles = [s["role"] for s in trace]
+        assert roles.count("agent") == 1, (harness, roles)

@@ -87,7 +87,7 @@ class TransformersEngine(Engine):
             model,
             tokenizer,
             model_name=model_name or directory.name,
-            stop_token_ids=_default_stop_token_ids(model, tokenizer),
+            stop_token_ids=default_stop_token_ids(model, tokenizer),
             num_threads=num_threads,
         )
 
@@ -193,7 +193,7 @@ def _config_max_context(config: Any) -> int:
     return int(value)
 
 
-def _default_stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+def default_stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     stops: list[int] = []
     generation_config = getattr(model, "generation_config", None)
     eos = getattr(generation_config, "eos_token_id", None)

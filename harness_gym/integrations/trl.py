@@ -62,7 +62,7 @@ from typing import Any, Self
 import numpy as np
 
 from ..engines import Engine
-from ..engines.transformers_engine import TransformersEngine, _default_stop_token_ids
+from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
 from ..rewards import RewardConfig
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
@@ -235,7 +235,7 @@ class HarnessRolloutFunc:
             tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps one
             self._engine = TransformersEngine(
                 model, tokenizer, model_name="policy",
-                stop_token_ids=_default_stop_token_ids(model, tokenizer))
+                stop_token_ids=default_stop_token_ids(model, tokenizer))
             model.train(training)  # TransformersEngine put it in eval mode
         return self._engine
 
