@@ -3,28 +3,20 @@ leave odd trees; the log parsers against real pytest output; dataset rows from J
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 import tempfile
-import textwrap
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from harness_gym.sandbox.local import LocalSandboxBackend
 from harness_gym.tasks import (
     GroupCounts,
     PatchApplyError,
-    Task,
-    TaskError,
     TestStatus,
     apply_patch,
     grade,
     judge_tests,
     load_tasks,
-    parse_junit_xml,
-    parse_pytest_log,
     parse_unittest_log,
     pytest_session_totals,
     register_log_parser,
@@ -32,8 +24,9 @@ from harness_gym.tasks import (
 )
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.log_parsers import _PARSERS
-
 from support.task_sandboxes import PYTHON_PATH_ENV, read, task_sandbox, write
+
+from harness_gym.sandbox.local import LocalSandboxBackend
 
 TASKS = {task.instance_id: task for task in load_tasks("builtin")}
 SPANS = TASKS["harness-gym__spans-14"]  # test_patch modifies tests/test_merge.py
@@ -470,249 +463,3 @@ def test_the_verdict_follows_swe_bench(f2p_status, p2p_status, outcome):
     task = replace(SPANS, FAIL_TO_PASS=["t::f2p"], PASS_TO_PASS=["t::p2p"])
     tests = {"t::f2p": f2p_status, **({"t::p2p": p2p_status} if p2p_status else {})}
     assert judge_tests(task, tests)[0] == outcome
-
-
-# --- log parsers on real pytest output ----------------------------------------------------------
-
-EVERY_STATUS = """
-    import pytest
-
-    def test_pass(): pass
-    def test_fail(): assert 1 == 2
-    @pytest.mark.skip(reason="not here")
-    def test_skip(): pass
-    @pytest.mark.xfail(reason="known")
-    def test_xfail(): assert 0
-    @pytest.mark.xfail(reason="known")
-    def test_xpass(): pass
-    @pytest.mark.parametrize("v", ["a b", "x - y", "c]d", "é"])
-    def test_param(v): assert v != "x - y"
-    @pytest.fixture
-    def broken(): raise RuntimeError("setup")
-    def test_error(broken): pass
-    @pytest.fixture
-    def bad_teardown():
-        yield
-        raise RuntimeError("teardown")
-    def test_teardown(bad_teardown): pass
-    class TestGroup:
-        def test_method(self):
-            print("PASSED tests/test_every.py::test_fail")  # a test echoing a fake summary line
-"""
-
-EXPECTED = {
-    "tests/test_every.py::test_pass": TestStatus.PASSED,
-    "tests/test_every.py::test_fail": TestStatus.FAILED,
-    "tests/test_every.py::test_xfail": TestStatus.XFAIL,
-    "tests/test_every.py::test_xpass": TestStatus.XPASS,
-    "tests/test_every.py::test_param[a b]": TestStatus.PASSED,
-    "tests/test_every.py::test_param[x - y]": TestStatus.FAILED,
-    "tests/test_every.py::test_param[c]d]": TestStatus.PASSED,
-    "tests/test_every.py::test_param[\\xe9]": TestStatus.PASSED,
-    "tests/test_every.py::test_error": TestStatus.ERROR,
-    "tests/test_every.py::test_teardown": TestStatus.ERROR,  # passed, then failed teardown
-    "tests/test_every.py::TestGroup::test_method": TestStatus.PASSED,
-}
-
-
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """One real pytest run over every status: -rA output, -rA -v output, a JUnit report."""
-    root = tmp_path_factory.mktemp("every")
-    (root / "tests").mkdir()
-    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
-    (root / "tests" / "test_every.py").write_text(textwrap.dedent(EVERY_STATUS))
-    base = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"]
-
-    def run(*extra: str) -> str:
-        done = subprocess.run(
-            [*base, *extra], cwd=root, capture_output=True, text=True, check=False
-        )
-        return done.stdout
-
-    return {
-        "summary": run(),
-        "verbose": run("-v", "-s", "-o", "junit_family=xunit1", "--junitxml=report.xml"),
-        "junit": (root / "report.xml").read_text(),
-    }
-
-
-def test_the_pytest_parser_reads_every_status_from_a_real_rA_summary(real_run):
-    # A skipped test's summary line names a file:line, not a node id, so it is absent.
-    assert parse_pytest_log(real_run["summary"]) == EXPECTED
-
-
-def test_the_pytest_parser_also_reads_verbose_lines_which_name_skipped_tests(real_run):
-    assert parse_pytest_log(real_run["verbose"]) == {
-        **EXPECTED,
-        "tests/test_every.py::test_skip": TestStatus.SKIPPED,
-    }
-
-
-def test_the_junit_parser_reads_a_real_pytest_report(real_run):
-    assert parse_junit_xml(real_run["junit"]) == {
-        **EXPECTED,
-        "tests/test_every.py::test_skip": TestStatus.SKIPPED,
-        "tests/test_every.py::test_xpass": TestStatus.PASSED,  # JUnit has no XPASS
-    }
-    # Embedded in other output (a test_cmd that cats the report) works the same.
-    assert parse_junit_xml("noise\n" + real_run["junit"] + "\nmore") == parse_junit_xml(
-        real_run["junit"]
-    )
-
-
-def test_the_pytest_parser_takes_old_xpass_lines_and_colour_codes():
-    log = (
-        "XPASS tests/t.py::test_a known bug\n"
-        "\x1b[32mPASSED\x1b[0m tests/t.py::test_b\n"
-        "FAILED tests/t.py::test_c[1-2] - assert [1] == [2]\n"
-    )
-    assert parse_pytest_log(log) == {
-        "tests/t.py::test_a": TestStatus.XPASS,
-        "tests/t.py::test_b": TestStatus.PASSED,
-        "tests/t.py::test_c[1-2]": TestStatus.FAILED,
-    }
-
-
-def test_junit_ids_without_a_file_attribute_are_classname_and_name():
-    report = (
-        '<testsuite><testcase classname="com.acme.WidgetTest" name="spins"/>'
-        '<testcase classname="com.acme.WidgetTest" name="stops"><failure/></testcase>'
-        "<testcase broken</testsuite>"
-    )
-    assert parse_junit_xml(report) == {}  # malformed: nothing seen, never a pass
-    assert parse_junit_xml(report.replace("<testcase broken", "")) == {
-        "com.acme.WidgetTest::spins": TestStatus.PASSED,
-        "com.acme.WidgetTest::stops": TestStatus.FAILED,
-    }
-
-
-# --- paths a diff touches, from real git diffs --------------------------------------------------
-
-
-def test_paths_touched_by_a_real_diff_cover_renames_deletes_quoting_and_empty_files(
-    tmp_path: Path,
-):
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True
-        ).stdout
-
-    (tmp_path / "old name.py").write_text("x = 1\n" * 20)
-    (tmp_path / "gone.sql").write_text("-- a comment\nselect 1;\n")
-    (tmp_path / "kept.py").write_text("a = 1\n")
-    git("init", "-q")
-    git("add", "-A")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
-    git("mv", "old name.py", "new name.py")
-    (tmp_path / "gone.sql").unlink()
-    (tmp_path / "kept.py").write_text("-- not a header\na = 2\n")
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "tést.py").write_text("é = 1\n")
-    git("add", "-A")
-    diff = git("diff", "--cached", "-M")
-
-    assert sorted(paths_touched_by(diff)) == sorted(
-        ["old name.py", "new name.py", "gone.sql", "kept.py", "empty.txt", "tést.py"]
-    )
-
-
-# --- dataset rows -------------------------------------------------------------------------------
-
-
-def _swe_rebench_row(instance_id: str, **overrides: object) -> dict[str, object]:
-    row = {
-        "instance_id": instance_id,
-        "repo": "acme/widgets",
-        "base_commit": "a" * 40,
-        "problem_statement": "Widgets spin backwards",
-        "patch": "diff --git a/w.py b/w.py\n",
-        "test_patch": "diff --git a/tests/test_w.py b/tests/test_w.py\n",
-        "FAIL_TO_PASS": json.dumps(["tests/test_w.py::test_spin"]),
-        "PASS_TO_PASS": json.dumps(["tests/test_w.py::test_stop"]),
-        "install_config": json.dumps(
-            {
-                "test_cmd": "pytest -rA",
-                "log_parser": "parse_log_pytest",
-                "install": "pip install -e .",
-            }
-        ),
-        "image_name": "swerebench/sweb.eval.x86_64.acme_1776_widgets-1",
-        "created_at": "2025-03-01T00:00:00Z",
-    }
-    row.update(overrides)
-    return row
-
-
-def test_a_jsonl_file_of_swe_rebench_rows_loads_with_json_encoded_fields(tmp_path: Path):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(
-        json.dumps(_swe_rebench_row("acme__widgets-1"))
-        + "\n\n"
-        + json.dumps(_swe_rebench_row("acme__widgets-2", FAIL_TO_PASS=["a::b"]))
-        + "\n"
-    )
-    first, second = load_tasks(rows)
-    assert first.FAIL_TO_PASS == ["tests/test_w.py::test_spin"]
-    assert first.PASS_TO_PASS == ["tests/test_w.py::test_stop"]
-    assert first.install_config["install"] == "pip install -e ."
-    assert first.log_parser == "parse_log_pytest"
-    assert first.image_name == "swerebench/sweb.eval.x86_64.acme_1776_widgets-1"
-    assert first.base_commit == "a" * 40 and first.repo_dir is None
-    assert first.extra == {"created_at": "2025-03-01T00:00:00Z"}
-    assert second.FAIL_TO_PASS == ["a::b"]
-
-
-def test_a_plain_swe_bench_row_needs_an_install_config_and_the_error_says_how(tmp_path: Path):
-    row = _swe_rebench_row("django__django-1")
-    del row["install_config"]
-    rows = tmp_path / "swe_bench.jsonl"
-    rows.write_text(json.dumps(row) + "\n")
-    with pytest.raises(TaskError, match=r"(?s)swe_bench.jsonl:1: .*install_config=\{'test_cmd'"):
-        load_tasks(rows)
-    [task] = load_tasks(
-        rows, install_config={"test_cmd": "./tests/runtests.py", "log_parser": "pytest"}
-    )
-    assert task.test_cmd == "./tests/runtests.py"
-
-
-def test_a_bad_jsonl_line_is_reported_with_its_line_number(tmp_path: Path):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(_swe_rebench_row("a-1")) + "\n{not json\n")
-    with pytest.raises(TaskError, match=r"rows.jsonl:2: not valid JSON"):
-        load_tasks(rows)
-    rows.write_text(json.dumps(_swe_rebench_row("a-1", PASS_TO_PASS=5)) + "\n")
-    with pytest.raises(TaskError, match=r"rows.jsonl:1: task 'a-1' is invalid:\n  - PASS_TO_PASS"):
-        load_tasks(rows)
-
-
-def test_a_task_round_trips_through_a_jsonl_row(tmp_path: Path):
-    row_task = replace(SPANS, repo_dir=None)
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(row_task.to_dict()) + "\n")
-    assert load_tasks(rows) == [row_task]
-    assert isinstance(Task.from_dict(row_task.to_dict()), Task)
-
-
-def test_parquet_files_of_rows_load_with_native_or_json_encoded_fields(tmp_path: Path):
-    pyarrow = pytest.importorskip("pyarrow")
-    parquet = pytest.importorskip("pyarrow.parquet")
-    encoded = _swe_rebench_row("acme__widgets-1")
-    native = _swe_rebench_row(
-        "acme__widgets-2",
-        FAIL_TO_PASS=["a::b"],
-        PASS_TO_PASS=[],
-        install_config={"test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"},
-    )
-    parquet.write_table(pyarrow.Table.from_pylist([encoded]), tmp_path / "encoded.parquet")
-    parquet.write_table(pyarrow.Table.from_pylist([native]), tmp_path / "native.parquet")
-    [first] = load_tasks(tmp_path / "encoded.parquet")
-    [second] = load_tasks(tmp_path / "native.parquet")
-    assert first.FAIL_TO_PASS == ["tests/test_w.py::test_spin"]
-    assert first.install_config["install"] == "pip install -e ."
-    assert second.FAIL_TO_PASS == ["a::b"] and second.PASS_TO_PASS == []
-    assert second.install_config == {"test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"}
-    assert first.image_name == second.image_name == encoded["image_name"]
-    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(TaskError, match="not a readable Parquet file"):
-        load_tasks(tmp_path / "broken.parquet")

@@ -55,7 +55,6 @@ import os
 import posixpath
 import select
 import shutil
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -68,12 +67,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from . import _processes as procs
+from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from .local import TIMEOUT_EXIT_CODE, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
-LABEL = "harness-gym.sandbox"
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs one command: marks it, sends its output to files, and (emit=1, for `exec`) writes the
@@ -143,80 +142,6 @@ def docker_unavailable(image: str = DEFAULT_IMAGE) -> str | None:
 
 
 # -- owners of containers -------------------------------------------------------------------
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot: with the boot id, a pid that was
-    reused by another process reads as a different owner."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[19]
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def owner_labels(pid: int | None = None) -> dict[str, str]:
-    """The labels that tie a container to the process that created it."""
-    pid = os.getpid() if pid is None else pid
-    return {
-        LABEL: "1",
-        f"{LABEL}.owner-pid": str(pid),
-        f"{LABEL}.owner-start": _start_time(pid) or "",
-        f"{LABEL}.owner-boot-id": _boot_id(),
-        f"{LABEL}.owner-host": socket.gethostname(),
-    }
-
-
-def owner_is_gone(labels: Mapping[str, str]) -> bool:
-    """Whether the owner of a labelled container has exited. Containers made from another
-    host (a shared daemon) are never judged gone: their owner's pids are not ours to read."""
-    if labels.get(f"{LABEL}.owner-host") != socket.gethostname():
-        return False
-    if labels.get(f"{LABEL}.owner-boot-id") != _boot_id():
-        return True  # this host rebooted since
-    try:
-        pid = int(labels.get(f"{LABEL}.owner-pid", ""))
-    except ValueError:
-        return True
-    start = _start_time(pid)
-    return start is None or start != labels.get(f"{LABEL}.owner-start")
-
-
-# -- files in and out ------------------------------------------------------------------------
-
-
-def _tar(entries: Sequence[tuple[str, bytes | None, int]]) -> bytes:
-    """A tar of (name, data, mode) entries; data None makes a directory."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data, mode in entries:
-            info = tarfile.TarInfo(name)
-            info.mode = mode
-            info.mtime = int(time.time())
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _tar_tree(root: Path, arcname: str) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(root, arcname=arcname)  # symlinks stay links
-    return buf.getvalue()
-
-
-# -- jobs ------------------------------------------------------------------------------------
 
 
 class DockerJob(Job):
