@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness_gym.harnesses.hermes import HermesHarness
+from support.recorded_requests import chat_shape, portable
+from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 from harness_gym.harness import Endpoint, load_harness
-from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.sandbox import SandboxSpec
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
-from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
 PROBE = "echo hello > probe.txt"
@@ -84,7 +85,7 @@ def test_hermes_runs_an_episode_against_a_scripted_openai_server(
     recorded = [_portable(r, box, cache) for r in server.chat_requests()]
     if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
         FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
-    assert _shape(recorded) == _shape(json.loads(FIXTURE.read_text()))
+    assert chat_shape(recorded) == chat_shape(json.loads(FIXTURE.read_text()))
 
 
 @pytest.mark.slow
@@ -135,24 +136,7 @@ def test_a_prompt_that_looks_like_a_flag_stays_a_message() -> None:
 
 
 def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
-    text = json.dumps({"method": request.method, "path": request.path,
-                       "headers": request.headers, "body": request.body})
-    text = text.replace(box.workdir, "<workdir>").replace(box.home, "<home>")
-    text = text.replace(str(cache), "<harness-cache>")
-    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
-    text = re.sub(r"Conversation started: [^\\]+", "Conversation started: <date>", text)
-    return json.loads(text)
-
-
-def _shape(requests: list[dict[str, Any]]) -> list[Any]:
-    return [
-        {
-            "path": r["path"],
-            "headers": sorted(k.lower() for k in r["headers"]),
-            "fields": sorted(r["body"]),
-            "messages": [(m["role"], sorted(m), type(m.get("content")).__name__)
-                         for m in r["body"]["messages"]],
-            "tools": [t["function"]["name"] for t in r["body"]["tools"]],
-        }
-        for r in requests
-    ]
+    literals = {box.workdir: "<workdir>", box.home: "<home>", str(cache): "<harness-cache>"}
+    return portable(request, literals, [
+        (r"Conversation started: [^\\]+", "Conversation started: <date>"),
+    ])

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness_gym.harnesses.opencode import OpenCodeHarness
+from support.recorded_requests import chat_shape, portable
+from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 from harness_gym.harness import Endpoint, load_harness
-from harness_gym.harnesses.opencode import OpenCodeHarness
 from harness_gym.sandbox import SandboxSpec
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
-from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opencode_requests.json"
 PROBE = "echo hello > probe.txt"
@@ -85,7 +86,7 @@ def test_opencode_runs_an_episode_against_a_scripted_openai_server(
     recorded = [_portable(r, box, cache) for r in server.requests]
     if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
         FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
-    assert _shape(recorded) == _shape(json.loads(FIXTURE.read_text()))
+    assert chat_shape(recorded) == chat_shape(json.loads(FIXTURE.read_text()))
 
 
 @pytest.mark.slow
@@ -130,25 +131,12 @@ def test_the_config_points_opencode_at_the_endpoint() -> None:
 
 
 def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
-    text = json.dumps({"method": request.method, "path": request.path,
-                       "headers": request.headers, "body": request.body})
-    text = text.replace(box.workdir, "<workdir>").replace(str(box.root), "<root>")
-    text = text.replace(str(cache), "<harness-cache>")
-    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
-    text = re.sub(r"ses_[0-9A-Za-z]+", "<session>", text)
-    text = re.sub(r"Today's date: [^\\]+", "Today's date: <date>", text)
-    return json.loads(text)
-
-
-def _shape(requests: list[dict[str, Any]]) -> list[Any]:
-    return [
-        {
-            "path": r["path"],
-            "headers": sorted(k.lower() for k in r["headers"]),
-            "fields": sorted(r["body"]),
-            "messages": [(m["role"], sorted(m), type(m.get("content")).__name__)
-                         for m in r["body"]["messages"]],
-            "tools": [t["function"]["name"] for t in r["body"]["tools"]],
-        }
-        for r in requests
-    ]
+    literals = {
+        box.workdir: "<workdir>",
+        str(box.root): "<root>",
+        str(cache): "<harness-cache>",
+    }
+    return portable(request, literals, [
+        (r"ses_[0-9A-Za-z]+", "<session>"),
+        (r"Today's date: [^\\]+", "Today's date: <date>"),
+    ])

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness_gym.harnesses.pi import PiHarness
+from support.recorded_requests import chat_shape, portable
+from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 from harness_gym.harness import Endpoint, HarnessError, load_harness
-from harness_gym.harnesses.pi import PiHarness
 from harness_gym.sandbox import SandboxSpec
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
-from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pi_requests.json"
 PROBE = "echo hello > probe.txt"
@@ -137,7 +138,7 @@ def test_pi_runs_an_episode_against_a_scripted_openai_server(
     if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
         FIXTURE.parent.mkdir(exist_ok=True)
         FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
-    assert _shape(recorded) == _shape(json.loads(FIXTURE.read_text()))
+    assert chat_shape(recorded) == chat_shape(json.loads(FIXTURE.read_text()))
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
@@ -222,25 +223,7 @@ def test_the_output_parser_skips_lines_that_are_not_json() -> None:
 
 
 def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:
-    """A recorded request with this run's paths and port replaced by placeholders."""
-    text = json.dumps({"method": request.method, "path": request.path,
-                       "headers": request.headers, "body": request.body})
-    text = text.replace(box.workdir, "<workdir>").replace(str(cache), "<harness-cache>")
-    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:<port>", text)
-    text = re.sub(r"Current date: \d{4}-\d\d-\d\d", "Current date: <date>", text)
-    return json.loads(text)
-
-
-def _shape(requests: list[dict[str, Any]]) -> list[Any]:
-    """What the proxy depends on: fields, roles, content types, tool names; not the text."""
-    return [
-        {
-            "path": r["path"],
-            "headers": sorted(k.lower() for k in r["headers"]),
-            "fields": sorted(r["body"]),
-            "messages": [(m["role"], sorted(m), type(m.get("content")).__name__)
-                         for m in r["body"]["messages"]],
-            "tools": [t["function"]["name"] for t in r["body"]["tools"]],
-        }
-        for r in requests
-    ]
+    literals = {box.workdir: "<workdir>", str(cache): "<harness-cache>"}
+    return portable(request, literals, [
+        (r"Current date: \d{4}-\d\d-\d\d", "Current date: <date>"),
+    ])
