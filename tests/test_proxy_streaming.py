@@ -69,6 +69,7 @@ def test_a_client_that_hangs_up_stops_generation_and_leaves_an_incomplete_entry(
             time.sleep(0.05)
         assert tiny.active_requests == 0  # the engine stopped, well before 3000 tokens
         time.sleep(0.2)
+        assert session.calls_in_flight == 0  # the session's call slot came back
         trace = session.trace_json()
         (segment,) = trace["segments"]
         assert segment["role"] == "discarded" and segment["incomplete"]

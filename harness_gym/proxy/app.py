@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -133,8 +134,11 @@ class ProxyApp:
             if chat.stream:
                 streaming = True
                 return StreamingResponse(
-                    self._stream(call, writer, on_end=session.release_call_slot),
-                    media_type="text/event-stream", headers={"cache-control": "no-cache"},
+                    self._stream(call, writer), media_type="text/event-stream",
+                    headers={"cache-control": "no-cache"},
+                    # Runs when the response ends, also when the client left before the first
+                    # byte (then the stream above never started and its cleanup never ran).
+                    background=BackgroundTask(self._end_stream, session, call),
                 )
             async for event in call.events():
                 if not isinstance(event, KeepAlive):
@@ -159,11 +163,9 @@ class ProxyApp:
         return body
 
     @staticmethod
-    async def _stream(
-        call: PreparedCall, writer: Any, on_end: Callable[[], None]
-    ) -> AsyncIterator[bytes]:
+    async def _stream(call: PreparedCall, writer: Any) -> AsyncIterator[bytes]:
+        yield writer.start()
         try:
-            yield writer.start()
             async for event in call.events():
                 chunk = writer.keepalive() if isinstance(event, KeepAlive) else writer.feed(event)
                 if chunk:
@@ -173,8 +175,11 @@ class ProxyApp:
             yield writer.error_event(
                 exc if isinstance(exc, ProxyError) else ProxyError("overloaded", str(exc))
             )
-        finally:
-            on_end()
+
+    @staticmethod
+    async def _end_stream(session: ProxySession, call: PreparedCall) -> None:
+        await call.discard_if_unconsumed()
+        session.release_call_slot()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._dialect_call(request, OPENAI_CHAT)

@@ -75,6 +75,7 @@ class PreparedCall:
         self.plan = plan
         self._stream = stream
         self._first = first
+        self._consumed = False
         self._started = started
         self._keepalive_s = keepalive_s
         version = session.policy_version
@@ -87,6 +88,7 @@ class PreparedCall:
         return len(self.plan.prompt_ids)
 
     async def events(self) -> AsyncIterator[ParseEvent | KeepAlive | CallFinished]:
+        self._consumed = True
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer)
         parser = make_tool_call_parser(getattr(self.engine, "tool_call_format", "hermes"))
         stops = self.request.sampling.stop
@@ -150,6 +152,16 @@ class PreparedCall:
             if isinstance(event, CallFinished):
                 return event
         raise AssertionError("a call stream always ends with CallFinished")
+
+    async def discard_if_unconsumed(self) -> None:
+        """Release the engine request of a call whose events were never read (the client went
+        away before its answer started): nothing was sampled for it, nothing is recorded."""
+        if self._consumed:
+            return
+        self._consumed = True
+        self._first.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()
 
     def _take_server_version(self) -> None:
         # A remote engine may report which weights sampled this answer; that beats any label.
