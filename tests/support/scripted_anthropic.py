@@ -16,12 +16,11 @@ stop reason, `message_stop`. Every other path gets a 404 in Anthropic's error sh
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .scripted_openai import RecordedRequest, Turn
+from .recording_http import RecordedRequest, RecordingServer, Reply
+from .scripted_openai import Turn
 
 Script = Callable[[dict[str, Any]], Turn]
 
@@ -42,95 +41,30 @@ def shell_then_done(tool: str, command: str, final: str = "done") -> Script:
     return script
 
 
-class ScriptedMessagesServer:
+class ScriptedMessagesServer(RecordingServer):
     def __init__(self, script: Script, route: str = "/v1/messages") -> None:
+        super().__init__()
         self.script = script
         self.route = route
-        self.requests: list[RecordedRequest] = []
-        self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def message_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests
                 if r.method == "POST" and r.path.split("?")[0] == self.route]
 
-    def record(self, request: RecordedRequest) -> None:
-        with self._lock:
-            self.requests.append(request)
-
-    def __enter__(self) -> ScriptedMessagesServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
-def _handler_for(server: ScriptedMessagesServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _read_body(self) -> Any:
-            raw = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()
-            try:
-                return json.loads(raw) if raw else None
-            except json.JSONDecodeError:
-                return raw
-
-        def _handle(self) -> None:
-            body = self._read_body() if self.command in ("POST", "PUT", "PATCH") else None
-            server.record(RecordedRequest(self.command, self.path, dict(self.headers), body))
-            path = self.path.split("?")[0]
-            if self.command == "HEAD" and path == "/":
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-            elif self.command == "POST" and path == server.route and isinstance(body, dict):
-                turn = server.script(body)
-                if body.get("stream"):
-                    self._stream(turn, body)
-                else:
-                    self._json(200, _message(turn, body))
+    def answer(self, reply: Reply, request: RecordedRequest) -> None:
+        body, path = request.body, request.path.split("?")[0]
+        if request.method == "HEAD" and path == "/":
+            reply.empty(200)
+        elif request.method == "POST" and path == self.route and isinstance(body, dict):
+            turn = self.script(body)
+            if body.get("stream"):
+                reply.sse(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
+                          for e in _events(turn, body))
             else:
-                error = {"type": "not_found_error", "message": f"no route {self.path}"}
-                self._json(404, {"type": "error", "error": error})
-
-        do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = do_PATCH = _handle
-
-        def _json(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        def _stream(self, turn: Turn, body: dict[str, Any]) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("cache-control", "no-cache")
-            self.send_header("connection", "close")
-            self.end_headers()
-            for event in _events(turn, body):
-                data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-                self.wfile.write(data.encode())
-                self.wfile.flush()
-            self.close_connection = True
-
-    return Handler
+                reply.json(200, _message(turn, body))
+        else:
+            error = {"type": "not_found_error", "message": f"no route {request.path}"}
+            reply.json(404, {"type": "error", "error": error})
 
 
 def _usage(output_tokens: int = 5) -> dict[str, int]:

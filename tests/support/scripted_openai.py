@@ -16,12 +16,12 @@ and is recorded too, so a test sees a CLI's probe requests.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
+
+from .recording_http import RecordedRequest, RecordingServer, Reply
 
 
 @dataclass
@@ -31,15 +31,6 @@ class Turn:
     text: str | None = None
     tool: str | None = None
     arguments: str = "{}"
-
-
-@dataclass
-class RecordedRequest:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any  # parsed JSON, or the raw text when it is not JSON
-    at: float = field(default_factory=time.time)
 
 
 Script = Callable[[dict[str, Any]], Turn]
@@ -57,92 +48,31 @@ def shell_then_done(tool: str, command: str, final: str = "done") -> Script:
     return script
 
 
-class ScriptedChatServer:
+class ScriptedChatServer(RecordingServer):
     def __init__(
         self, script: Script, model: str = "scripted", route: str = "/v1/chat/completions"
     ) -> None:
+        super().__init__()
         self.script = script
         self.model = model
         self.route = route
-        self.requests: list[RecordedRequest] = []
-        self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def chat_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.path.split("?")[0] == self.route]
 
-    def record(self, request: RecordedRequest) -> None:
-        with self._lock:
-            self.requests.append(request)
-
-    def __enter__(self) -> ScriptedChatServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
-def _handler_for(server: ScriptedChatServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:  # keep test output clean
-            pass
-
-        def _read_body(self) -> Any:
-            raw = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()
-            try:
-                return json.loads(raw) if raw else None
-            except json.JSONDecodeError:
-                return raw
-
-        def _handle(self) -> None:
-            body = self._read_body() if self.command in ("POST", "PUT", "PATCH") else None
-            server.record(RecordedRequest(self.command, self.path, dict(self.headers), body))
-            if self.command == "POST" and self.path.split("?")[0] == server.route:
-                turn = server.script(body)
-                if body.get("stream"):
-                    self._stream(turn, body)
-                else:
-                    self._json(200, _completion(turn, server.model))
+    def answer(self, reply: Reply, request: RecordedRequest) -> None:
+        body = request.body
+        if request.method == "POST" and request.path.split("?")[0] == self.route:
+            turn = self.script(body)
+            if body.get("stream"):
+                reply.sse([f"data: {json.dumps(chunk)}\n\n".encode()
+                           for chunk in _chunks(turn, self.model, body)]
+                          + [b"data: [DONE]\n\n"])
             else:
-                error = {"message": f"no route {self.path}", "type": "invalid_request_error"}
-                self._json(404, {"error": error})
-
-        do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = do_PATCH = _handle
-
-        def _json(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _stream(self, turn: Turn, body: dict[str, Any]) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("cache-control", "no-cache")
-            self.send_header("connection", "close")
-            self.end_headers()
-            for chunk in _chunks(turn, server.model, body):
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-            self.close_connection = True
-
-    return Handler
+                reply.json(200, _completion(turn, self.model))
+        else:
+            error = {"message": f"no route {request.path}", "type": "invalid_request_error"}
+            reply.json(404, {"error": error})
 
 
 def _usage() -> dict[str, int]:
