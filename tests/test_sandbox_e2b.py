@@ -1,15 +1,21 @@
-"""The e2b backend: the shared conformance suite over a fake of the e2b SDK (tests/support/
-fake_e2b.py, which runs the SDK's commands on this host), what the backend asks of the SDK,
-the missing-key error from the real SDK, and the same suite live where E2B_API_KEY is set."""
+"""The e2b backend: the shared conformance suites over a fake of the e2b SDK (tests/support/
+fake_e2b.py, which runs the SDK's commands on this host and raises the SDK's own exceptions),
+what the backend asks of the SDK, how it tells a command's timeout from a dead or unreachable
+VM, templates, the missing-key error from the real SDK, and the suite live where E2B_API_KEY is
+set. The E2B cloud cannot run here: the fake stands in for it at the SDK boundary."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from remote_conformance import QUICK_STOPS, RemoteSandboxConformance
 from sandbox_conformance import SandboxConformance
 
 pytest.importorskip(
@@ -17,6 +23,7 @@ pytest.importorskip(
 )
 
 import e2b
+from connectrpc.code import Code
 from support import fake_e2b
 
 from harness_gym.sandbox import (
@@ -29,8 +36,17 @@ from harness_gym.sandbox import (
 from harness_gym.sandbox.e2b import E2BSandbox, E2BSandboxBackend
 
 
-def fake_backend(**options: object) -> E2BSandboxBackend:
-    return E2BSandboxBackend(sandbox_factory=fake_e2b.Sandbox.create, **options)  # type: ignore[arg-type]
+TEMPLATES = {"base", "base-tpl", "tpl-from-image"}  # what "exists" in the fake's E2B team
+
+
+@pytest.fixture(autouse=True)
+def e2b_templates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fake_e2b.Sandbox, "templates", TEMPLATES)
+
+
+def fake_backend(**options: Any) -> E2BSandboxBackend:
+    options.setdefault("stop_delays_s", QUICK_STOPS)
+    return E2BSandboxBackend(sandbox_factory=fake_e2b.Sandbox.create, **options)
 
 
 def sdk_of(box: Sandbox) -> fake_e2b.Sandbox:
@@ -48,6 +64,22 @@ class TestE2BOverTheFakeSDK(SandboxConformance):
         backend = fake_backend()
         yield backend
         backend.close()
+
+
+class TestE2BWhenTheCloudFails(RemoteSandboxConformance):
+    backend_name = "e2b"
+
+    def make_backend(self, **options: Any) -> E2BSandboxBackend:
+        return fake_backend(**options)
+
+    def end_machine(self, box: Sandbox) -> None:
+        sdk_of(box).end()
+
+    def machine_gone(self, box: Sandbox) -> bool:
+        return sdk_of(box).gone
+
+    def refuse_stops(self, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        monkeypatch.setattr(fake_e2b.Sandbox, "kill_failures", n)
 
 
 @pytest.mark.skipif(
@@ -97,26 +129,45 @@ def test_the_real_sdk_refusing_a_missing_key_is_reported_with_the_variable_to_se
 
 def test_create_passes_template_lifetime_envs_and_key_to_the_sdk() -> None:
     backend = fake_backend(
-        template="base-tpl", timeout_s=900, api_key="e2b_k", envs={"X": "1"}
+        template="base-tpl",
+        templates={"docker.io/org/task:1": "tpl-from-image"},
+        timeout_s=900,
+        api_key="e2b_k",
+        envs={"X": "1"},
     )
     with (
         backend.create(SandboxSpec()) as box,
-        backend.create(SandboxSpec(image="other")) as other,
+        backend.create(SandboxSpec(image="docker.io/org/task:1")) as other,
     ):
         assert sdk_of(box).calls[0] == (
             "create",
-            {
-                "template": "base-tpl",
-                "timeout": 900,
-                "envs": {"X": "1"},
-                "api_key": "e2b_k",
-            },
+            {"template": "base-tpl", "timeout": 900, "envs": {"X": "1"}, "api_key": "e2b_k"},
         )
-        assert sdk_of(other).template == "other"
+        assert sdk_of(other).template == "tpl-from-image"
+
+
+def test_a_task_image_without_a_template_is_refused_before_the_sdk_is_called() -> None:
+    made = len(fake_e2b.Sandbox.created)
+    with pytest.raises(SandboxError, match=r"templates=\{'swebench/sweb.eval.x86_64.a:latest'"):
+        fake_backend().create(SandboxSpec(image="swebench/sweb.eval.x86_64.a:latest"))
+    assert len(fake_e2b.Sandbox.created) == made
+
+
+def test_a_template_e2b_does_not_know_is_reported_as_such() -> None:
+    with pytest.raises(SandboxError, match="does the template exist") as caught:
+        fake_backend(template="no-such-template").create(SandboxSpec())
+    assert isinstance(caught.value.__cause__, e2b.SandboxException)
+    assert caught.value.__cause__.status_code == 404
+
+
+def test_a_dataset_row_whose_repo_lives_in_its_image_is_refused() -> None:
+    with pytest.raises(SandboxError, match='sandbox="docker"'):
+        fake_backend().create(SandboxSpec(image="img", workdir="/testbed"))
 
 
 def test_a_sandbox_reaches_the_proxy_at_the_public_url_with_the_proxy_path() -> None:
-    with fake_backend(proxy_public_url="https://proxy.example.com/").create(SandboxSpec()) as sandbox:
+    backend = fake_backend(proxy_public_url="https://proxy.example.com/")
+    with backend.create(SandboxSpec()) as sandbox:
         assert sandbox.proxy_url("http://127.0.0.1:8123/v1") == "https://proxy.example.com/v1"
     with fake_backend().create(SandboxSpec()) as sandbox:
         with pytest.raises(SandboxError, match="proxy_public_url"):
@@ -141,10 +192,8 @@ def test_the_repo_goes_up_as_one_tar_and_comes_out_with_its_git_history(
         writes = [args for name, args in sdk_of(box).calls if name == "files.write"]
         assert len(writes) == 1 and writes[0]["path"].endswith(".tar.gz")
         assert box.read_file("pkg/mod.py") == b"x = 1\n"
-        assert (
-            box.exec("readlink link && git log --format=%s").stdout
-            == "pkg/mod.py\nbase\n"
-        )
+        said = box.exec("readlink link && git log --format=%s").stdout
+        assert said == "pkg/mod.py\nbase\n"
 
 
 def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
@@ -155,10 +204,7 @@ def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
         result = box.exec(
             ["sh", "-c", "echo $CALL; exit 3"], cwd="sub", env={"CALL": "c"}, timeout=7
         )
-        assert (result.exit_code, result.stdout) == (
-            3,
-            "c\n",
-        )  # CommandExitException, mapped
+        assert (result.exit_code, result.stdout) == (3, "c\n")  # CommandExitException, mapped
         ((name, args),) = sdk.calls
         assert name == "commands.run" and args["background"] is None
         assert (args["cwd"], args["timeout"]) == (f"{box.workdir}/sub", 7)
@@ -202,9 +248,7 @@ def test_start_runs_in_the_background_without_a_connection_timeout() -> None:
 
 def test_start_writes_stdout_where_asked() -> None:
     with fake_backend().create(SandboxSpec()) as box:
-        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(
-            10
-        )
+        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(10)
         assert result.stdout == "to-file\n" and result.stderr == "e\n"
         assert box.read_file("logs/run.out") == b"to-file\n"
         assert box.read_file("logs/run.out.stderr") == b"e\n"
@@ -217,14 +261,8 @@ def test_files_go_through_the_sdk_in_bytes_at_workdir_relative_paths() -> None:
         assert box.read_file("a/b.txt") == b"text"
         assert box.read_file(f"{box.home}/../work/a/b.txt") == b"text"
         files = [(n, a) for n, a in sdk_of(box).calls if n.startswith("files.")]
-        assert files[0] == (
-            "files.write",
-            {"path": f"{box.workdir}/a/b.txt", "size": 4},
-        )
-        assert files[1] == (
-            "files.read",
-            {"path": f"{box.workdir}/a/b.txt", "format": "bytes"},
-        )
+        assert files[0] == ("files.write", {"path": f"{box.workdir}/a/b.txt", "size": 4})
+        assert files[1] == ("files.read", {"path": f"{box.workdir}/a/b.txt", "format": "bytes"})
 
 
 def test_close_kills_the_vm_once() -> None:
@@ -232,4 +270,111 @@ def test_close_kills_the_vm_once() -> None:
     box.close()
     box.close()
     assert [name for name, _ in sdk_of(box).calls].count("kill") == 1
-    assert sdk_of(box).killed
+    assert sdk_of(box).gone
+
+
+# -- a timeout, a cancel, a dropped stream: what each SDK exception means ------------------
+
+
+def test_only_a_timeout_exception_at_the_commands_own_deadline_is_a_timeout() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        started = time.monotonic()
+        result = box.exec("sleep 30", timeout=0.4)  # the SDK's DEADLINE_EXCEEDED
+        assert (result.timed_out, result.exit_code) == (True, 124)
+        assert time.monotonic() - started < 10
+
+
+def test_a_call_cancelled_before_its_timeout_is_a_sandbox_error_not_a_timeout() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        cancel = fake_e2b.rpc_error(Code.CANCELED, "stream cancelled by the proxy")
+        assert type(cancel) is e2b.TimeoutException  # what e2b 2.63 makes of a cancel
+        sdk_of(box).commands.next_run_error = cancel
+        with pytest.raises(SandboxError, match="cancelled before its timeout"):
+            box.exec("true", timeout=30)
+
+
+def test_an_unreachable_vm_is_a_sandbox_error_that_says_so() -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        unreachable = fake_e2b.stream_broken(sdk_of(box), vm_alive=True)
+        assert isinstance(unreachable, e2b.SandboxUnreachableException)
+        sdk_of(box).commands.next_run_error = unreachable
+        with pytest.raises(SandboxError, match="cannot be reached"):
+            box.exec("true", timeout=30)
+
+
+def test_a_dead_vm_says_not_running_and_names_its_lifetime() -> None:
+    with fake_backend(timeout_s=777).create(SandboxSpec()) as box:
+        sdk_of(box).end()
+        with pytest.raises(SandboxError, match="not running any more.*timeout_s=777") as caught:
+            box.exec("true")
+        assert isinstance(caught.value.__cause__, e2b.SandboxNotRunningException)
+
+
+def test_a_vm_that_ends_at_its_lifetime_fails_the_command_running_on_it() -> None:
+    with fake_backend(timeout_s=2).create(SandboxSpec()) as box:
+        with pytest.raises(SandboxError, match="not running any more"):
+            box.exec("sleep 30", timeout=20)
+
+
+@pytest.fixture
+def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """Exceptions that escape any thread (the job's waiter must let none escape)."""
+    caught: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: caught.append(args.exc_value))
+    return caught
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        lambda box: fake_e2b.stream_broken(box, vm_alive=True),  # SandboxUnreachableException
+        lambda box: Exception("Command ended without an end event"),  # the SDK's bare Exception
+    ],
+    ids=["unreachable", "no-end-event"],
+)
+def test_a_dropped_stream_is_reconnected_while_the_vm_runs(broken, thread_errors) -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        job = box.start("sleep 0.6; echo done; exit 4")
+        time.sleep(0.2)
+        for handle in sdk_of(box).open_handles:
+            handle.broken = broken(sdk_of(box))
+        result = job.wait(timeout=20)
+        assert (result.exit_code, result.stdout, result.timed_out) == (4, "done\n", False)
+        connects = [args for name, args in sdk_of(box).calls if name == "commands.connect"]
+        assert connects and connects[0]["timeout"] == 0
+    assert thread_errors == []
+
+
+def test_a_command_that_ended_while_its_stream_was_down_reports_its_own_exit_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        commands = sdk_of(box).commands
+        reconnect = commands.connect
+
+        def connect_after_the_end(pid: int, *args: Any, **kwargs: Any) -> Any:
+            while not commands.processes[pid].ended():  # it ends while the stream is down
+                time.sleep(0.01)
+            return reconnect(pid, *args, **kwargs)  # envd forgot it: NotFoundException
+
+        monkeypatch.setattr(commands, "connect", connect_after_the_end)
+        job = box.start("sleep 0.3; exit 6")
+        time.sleep(0.1)
+        for handle in sdk_of(box).open_handles:
+            handle.broken = Exception("Command ended without an end event")
+        assert job.wait(timeout=20).exit_code == 6  # from the file the wrapper wrote
+
+
+def test_a_bare_exception_from_the_sdk_on_a_dead_vm_fails_the_wait_and_escapes_no_thread(
+    thread_errors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with fake_backend().create(SandboxSpec()) as box:
+        job = box.start("sleep 30")
+        time.sleep(0.2)
+        # The VM's health check says it is gone, and the stream ends without an end event.
+        monkeypatch.setattr(sdk_of(box), "is_running", lambda request_timeout=None: False)
+        for handle in sdk_of(box).open_handles:
+            handle.broken = Exception("Command ended without an end event")
+        with pytest.raises(SandboxError, match="Command ended without an end event"):
+            job.wait(timeout=20)
+    assert thread_errors == []

@@ -1,14 +1,20 @@
-"""The hf backend: the shared conformance suite over a fake of `huggingface_hub.Sandbox`
-(tests/support/fake_hf_sandbox.py, which runs the SDK's commands on this host), what the
-backend asks of the SDK, the missing-token error, and the suite live where HF_TOKEN is set."""
+"""The hf backend: the shared conformance suites over a fake of `huggingface_hub.Sandbox`
+(tests/support/fake_hf_sandbox.py, which runs the SDK's commands on this host and raises the
+SDK's own exceptions), what the backend asks of the SDK, a job stop that is checked against the
+Jobs API, the missing-token error, and the suite live where HF_TOKEN is set. HF Jobs cannot run
+here: the fake stands in for them at the SDK boundary."""
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from remote_conformance import QUICK_STOPS, RemoteSandboxConformance
 from sandbox_conformance import SandboxConformance
 
 hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed")
@@ -26,11 +32,14 @@ from harness_gym.sandbox import (
     SandboxSpec,
     load_sandbox,
 )
+from harness_gym.sandbox._reaper import UnstoppedSandboxWarning
 from harness_gym.sandbox.hf import HFSandbox, HFSandboxBackend
 
 
-def fake_backend(**options: object) -> HFSandboxBackend:
-    return HFSandboxBackend(sandbox_factory=fake_hf_sandbox.Sandbox.create, **options)  # type: ignore[arg-type]
+def fake_backend(**options: Any) -> HFSandboxBackend:
+    options.setdefault("stop_delays_s", QUICK_STOPS)
+    options.setdefault("jobs_api", fake_hf_sandbox.HfApi())
+    return HFSandboxBackend(sandbox_factory=fake_hf_sandbox.Sandbox.create, **options)
 
 
 def sdk_of(box: Sandbox) -> fake_hf_sandbox.Sandbox:
@@ -48,6 +57,22 @@ class TestHFOverTheFakeSDK(SandboxConformance):
         backend = fake_backend()
         yield backend
         backend.close()
+
+
+class TestHFWhenTheCloudFails(RemoteSandboxConformance):
+    backend_name = "hf"
+
+    def make_backend(self, **options: Any) -> HFSandboxBackend:
+        return fake_backend(**options)
+
+    def end_machine(self, box: Sandbox) -> None:
+        sdk_of(box).end()
+
+    def machine_gone(self, box: Sandbox) -> bool:
+        return sdk_of(box).stage != "RUNNING"
+
+    def refuse_stops(self, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+        monkeypatch.setattr(fake_hf_sandbox.Sandbox, "cancel_failures", n)
 
 
 @pytest.mark.skipif(
@@ -107,6 +132,7 @@ def test_create_passes_image_flavor_idle_timeout_env_and_token_to_the_sdk() -> N
                 "flavor": "cpu-upgrade",
                 "idle_timeout": 120,
                 "env": {"X": "1"},
+                "namespace": None,
                 "token": "hf_t",
             },
         )
@@ -114,7 +140,8 @@ def test_create_passes_image_flavor_idle_timeout_env_and_token_to_the_sdk() -> N
 
 
 def test_a_sandbox_reaches_the_proxy_at_the_public_url_with_the_proxy_path() -> None:
-    with fake_backend(proxy_public_url="https://proxy.example.com").create(SandboxSpec()) as sandbox:
+    backend = fake_backend(proxy_public_url="https://proxy.example.com")
+    with backend.create(SandboxSpec()) as sandbox:
         assert sandbox.proxy_url("http://127.0.0.1:8123/v1") == "https://proxy.example.com/v1"
     with fake_backend().create(SandboxSpec()) as sandbox:
         with pytest.raises(SandboxError, match="proxy_public_url"):
@@ -135,15 +162,9 @@ def test_exec_sends_an_argv_env_cwd_and_timeout_and_never_lets_the_sdk_raise() -
         assert (result.exit_code, result.stdout) == (3, "c\n")
         ((name, args),) = sdk.calls
         assert name == "run" and args["shell"] is False and args["check"] is False
-        assert (
-            args["cmd"][:2] == ["bash", "-c"]
-            and "sh -c 'echo $CALL; exit 3'" in args["cmd"][2]
-        )
-        assert (args["cwd"], args["timeout"], args["background"]) == (
-            f"{box.workdir}/sub",
-            7,
-            False,
-        )
+        assert args["cmd"][:2] == ["bash", "-c"]
+        assert "sh -c 'echo $CALL; exit 3'" in args["cmd"][2]
+        assert (args["cwd"], args["timeout"], args["background"]) == (f"{box.workdir}/sub", 7, False)
         assert args["env"]["SPEC"] == "s" and args["env"]["CALL"] == "c"
         assert args["env"]["HOME"] == box.home
 
@@ -151,11 +172,7 @@ def test_exec_sends_an_argv_env_cwd_and_timeout_and_never_lets_the_sdk_raise() -
 def test_a_timeout_the_sdk_reports_is_a_timed_out_result() -> None:
     with fake_backend().create(SandboxSpec()) as box:
         result = box.exec("echo partial; sleep 30", timeout=0.3)
-        assert (result.exit_code, result.timed_out, result.stdout) == (
-            124,
-            True,
-            "partial\n",
-        )
+        assert (result.exit_code, result.timed_out, result.stdout) == (124, True, "partial\n")
 
 
 def test_start_runs_in_the_background_and_waits_by_listing_processes() -> None:
@@ -171,9 +188,7 @@ def test_start_runs_in_the_background_and_waits_by_listing_processes() -> None:
 
 def test_start_writes_stdout_where_asked() -> None:
     with fake_backend().create(SandboxSpec()) as box:
-        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(
-            10
-        )
+        result = box.start("echo to-file; echo e >&2", stdout_path="logs/run.out").wait(10)
         assert result.stdout == "to-file\n" and result.stderr == "e\n"
         assert box.read_file("logs/run.out") == b"to-file\n"
 
@@ -185,16 +200,45 @@ def test_files_go_through_the_sdk_at_workdir_relative_paths() -> None:
         assert box.read_file("a/b.txt") == b"text"
         files = [(n, a) for n, a in sdk_of(box).calls if n.startswith("files.")]
         assert files == [
-            (
-                "files.write",
-                {"path": f"{box.workdir}/a/b.txt", "size": 4, "mode": None},
-            ),
+            ("files.write", {"path": f"{box.workdir}/a/b.txt", "size": 4, "mode": None}),
             ("files.read", {"path": f"{box.workdir}/a/b.txt"}),
         ]
 
 
-def test_close_kills_the_job_once() -> None:
-    box = fake_backend().create(SandboxSpec())
+def test_close_kills_the_job_once_and_checks_its_stage_with_the_jobs_api() -> None:
+    jobs = fake_hf_sandbox.HfApi()
+    box = fake_backend(jobs_api=jobs).create(SandboxSpec())
     box.close()
     box.close()
     assert [name for name, _ in sdk_of(box).calls].count("kill") == 1
+    assert ("inspect_job", {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}) in jobs.calls
+    assert sdk_of(box).stage == "CANCELED"
+
+
+def test_a_cancel_the_sdk_only_logged_is_retried_through_the_jobs_api(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = fake_hf_sandbox.HfApi()
+    backend = fake_backend(jobs_api=jobs)
+    box = backend.create(SandboxSpec())
+    monkeypatch.setattr(fake_hf_sandbox.Sandbox, "cancel_failures", 1)
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings():
+        warnings.simplefilter("error", UnstoppedSandboxWarning)
+        box.close()  # kill() logs "Failed to kill sandbox" and returns; the job runs on
+    assert f"Failed to kill sandbox {box.remote_id}" in caplog.text
+    assert ("cancel_job", {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}) in jobs.calls
+    assert sdk_of(box).stage == "CANCELED"
+
+
+def test_the_namespace_is_asked_once_for_all_jobs() -> None:
+    jobs = fake_hf_sandbox.HfApi()
+    backend = fake_backend(jobs_api=jobs)
+    for _ in range(2):
+        backend.create(SandboxSpec()).close()
+    assert [call for call in jobs.calls if call[0] == "whoami"] == [("whoami", {"cache": True})]
+    jobs = fake_hf_sandbox.HfApi()
+    backend = fake_backend(jobs_api=jobs, namespace="my-org")
+    box = backend.create(SandboxSpec())
+    box.close()
+    assert ("whoami", {"cache": True}) not in jobs.calls
+    assert sdk_of(box).calls[0][1]["namespace"] == "my-org"

@@ -1,141 +1,120 @@
-"""A sandbox driven through a remote shell API (the `e2b` and `hf` backends share it).
+"""What the `e2b` and `hf` backends share: a sandbox, a background job and a backend driven
+through a cloud SDK's remote shell.
 
-The command wrapper (output to files, exit codes that survive a killed wrapper), the kill of
-every process carrying a job's marker (which catches `setsid` escapees), the per-rollout layout
-(`work/`, `home/`, `tmp/`, `logs/` under one `mktemp -d`), the repo tarball, and the mapping of
-the proxy's local URL to the public URL a cloud sandbox must use.
+A subclass says how to run one bash script (`_run_script`), start one in the background
+(`_start_job`), move bytes (`_put`, `_get`), stop the machine (`_stop_once`) and what an SDK
+error means (`_sdk_error`). The rest is here: the per-rollout layout, every command's
+environment and markers, `exec`, files, a job's output and exit code, the marker kill, and a
+stop that is retried until the service confirms it (`_reaper.py`). The shell scripts are in
+`_remote_shell.py`.
+
+A dead or unreachable machine is a `SandboxError` from every call, never a timed-out or failed
+command: the episode then ends `infra_error`, which trainers drop, instead of `timeout`.
 """
 
 from __future__ import annotations
 
-import io
+import contextlib
 import posixpath
 import shlex
-import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, ClassVar
 
 from ._processes import JOB_MARKER, SANDBOX_MARKER
-from .base import ExecResult, Job, Sandbox, SandboxError, SandboxSpec
-
-TIMEOUT_EXIT_CODE = 124
-KILLED_EXIT_CODE = 137  # what our wrapper shell reports for a SIGKILLed command
-
-# -- the remote shell, shared with hf.py -------------------------------------------------------
-
-
-def inner_command(command: Sequence[str] | str) -> str:
-    """The user's command as one shell word list: a str runs under its own `bash -c`, so that
-    `$$`, `exit` and `kill -9 $$` act on it, not on our wrapper."""
-    if isinstance(command, str):
-        return shlex.join(["bash", "-c", command])
-    return shlex.join(list(command))
-
-
-def exec_script(command: Sequence[str] | str, out: str, err: str, stdin: str) -> str:
-    """Run `command` with its output in files, then print them and exit with its code.
-
-    Output goes to files, not the SDK's pipes: a `cmd &` left behind would hold the pipes open
-    and the call would not return although the command has exited. Not `exec`: the wrapper
-    stays the parent, so a signal death reads as 128+n (137 for SIGKILL), as under bwrap.
-    """
-    q = shlex.quote
-    return (
-        f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < {q(stdin)}; code=$?; "
-        f"cat {q(out)}; cat {q(err)} >&2; rm -f {q(out)} {q(err)}; exit $code"
-    )
-
-
-def job_script(
-    command: Sequence[str] | str, out: str, err: str, exit_path: str | None = None
-) -> str:
-    """Run `command` with its output in files (and its exit code in `exit_path`, for an SDK
-    that may forget a finished process)."""
-    q = shlex.quote
-    record = f"echo $code > {q(exit_path)}; " if exit_path else ""
-    return (
-        f'mkdir -p "$(dirname {q(out)})" && '
-        f"{{ {inner_command(command)} ; }} > {q(out)} 2> {q(err)} < /dev/null; code=$?; "
-        f"{record}exit $code"
-    )
-
-
-def kill_marked_script(var: str, value: str, rounds: int = 50) -> str:
-    """Kill every process in the sandbox whose environment holds `var=value`, until none is
-    left: the remote twin of `_processes.kill_marked` (setsid escapees leave the process group
-    the SDK's kill reaches, but keep our markers)."""
-    pattern = shlex.quote(f"{var}={value}")
-    return (
-        f"for i in $(seq {rounds}); do "
-        f"pids=$(grep -slzxF {pattern} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); "
-        '[ -z "$pids" ] && break; kill -9 $pids 2>/dev/null; sleep 0.01; done; true'
-    )
-
-
-LAYOUT_SCRIPT = (
-    "root=$(mktemp -d -t harness-gym-XXXXXX) && mkdir -p $root/work $root/home $root/tmp "
-    '$root/logs && echo "$root"'
+from ._reaper import CloudReaper
+from ._remote_shell import (
+    KILLED_EXIT_CODE,
+    LAYOUT_SCRIPT,
+    TIMEOUT_EXIT_CODE,
+    exec_script,
+    job_script,
+    kill_marked_script,
+    public_base_url,
+    repo_tarball,
+    untar_script,
 )
-
-
-def repo_tarball(repo: Path) -> bytes:
-    """The repo, .git and symlinks included, as one gzipped tar: one upload, not one per file."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        tar.add(repo, arcname=".")
-    return buffer.getvalue()
-
-
-def untar_script(tarball: str, workdir: str) -> str:
-    q = shlex.quote
-    return (
-        f"tar -xzf {q(tarball)} -C {q(workdir)} --no-same-owner && rm -f {q(tarball)}"
-    )
-
-
-def public_base_url(proxy_public_url: str | None, local_url: str, backend: str) -> str:
-    """`local_url` (the proxy's loopback URL) with its scheme and host replaced by the public
-    URL the user exposed the proxy at."""
-    if not proxy_public_url:
-        raise SandboxError(
-            f"the {backend} sandbox runs in the cloud and cannot reach the proxy at {local_url}:"
-            f" expose the proxy at a public URL and pass it as proxy_public_url=..."
-        )
-    public, local = urlsplit(proxy_public_url), urlsplit(local_url)
-    path = public.path.rstrip("/") + local.path
-    return urlunsplit((public.scheme, public.netloc, path, local.query, ""))
+from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 
 class RemoteShellSandbox(Sandbox):
-    """What the e2b and hf sandboxes share: paths, environment, markers, files over commands.
+    """A cloud machine for one rollout: the repo under `work/`, a fresh `home/`, commands run
+    by a bash wrapper that keeps their output in files."""
 
-    Subclasses run one wrapped bash script (`_run_script`) and move bytes (`_put`, `_get`).
-    """
+    backend_name: ClassVar[str] = "remote"
 
-    backend_name = "remote"
-    proxy_public_url: str | None = None  # set by the backend: where the proxy is exposed
-
-    def proxy_url(self, host_url: str) -> str:
-        return public_base_url(self.proxy_public_url, host_url, self.backend_name)
-
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, sdk: Any, spec: SandboxSpec, backend: RemoteShellBackend) -> None:
         self.id = uuid.uuid4().hex[:16]  # HARNESS_GYM_SANDBOX_ID of every command
+        self.sdk = sdk  # the SDK's sandbox object, for what the seam does not cover
         self._spec = spec
+        self._backend = backend
         self._closed = False
         self._lock = threading.Lock()
-        self._jobs: list[Job] = []
+        self._jobs: list[RemoteJob] = []
+        try:
+            self._make_layout()
+        except BaseException:
+            self._stop()
+            raise
+
+    # -- what a subclass provides ----------------------------------------------------------
+
+    @property
+    def remote_id(self) -> str:
+        """The service's name for this machine (an E2B sandbox id, an HF job id)."""
+        raise NotImplementedError
+
+    def _run_script(
+        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
+    ) -> ExecResult:
+        """Run a bash script to completion. When `timeout` runs out, return `timed_out=True`
+        (the caller kills what is left); when the machine failed, raise `SandboxError`."""
+        raise NotImplementedError
+
+    def _start_job(
+        self, script: str, env: Mapping[str, str], cwd: str, job_id: str, out: str
+    ) -> RemoteJob:
+        """Start a bash script in the background."""
+        raise NotImplementedError
+
+    def _put(self, path: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _get(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    def _stop_once(self) -> bool:
+        """Ask the service to end the machine (every process and file goes with it); True once
+        it confirms that the machine is gone. May raise: the reaper tries again."""
+        raise NotImplementedError
+
+    def _sdk_error(self, what: str, exc: Exception) -> SandboxError:
+        """Our error for an SDK exception raised while doing `what`."""
+        return SandboxError(
+            f"{self.backend_name} sandbox {self.remote_id}: could not {what}:"
+            f" {type(exc).__name__}: {exc}"
+        )
+
+    # -- shared plumbing -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _sdk_call(self, what: str) -> Iterator[None]:
+        """Every SDK exception leaves as a `SandboxError` that says what failed."""
+        try:
+            yield
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise self._sdk_error(what, exc) from exc
 
     def _make_layout(self) -> None:
         result = self._run_script(LAYOUT_SCRIPT, {}, None, 60)
         root = result.stdout.strip()
         if result.exit_code != 0 or not root.startswith("/"):
-            raise SandboxError(
-                f"could not make the sandbox layout: {result.stderr or root!r}"
-            )
+            raise SandboxError(f"could not make the sandbox layout: {result.stderr or root!r}")
         self.root = root
         self.workdir = f"{root}/work"
         self.home = f"{root}/home"
@@ -156,36 +135,13 @@ class RemoteShellSandbox(Sandbox):
                     f"could not unpack {self._spec.repo} in the sandbox: {untar.stderr}"
                 )
 
-    # -- what a subclass provides ----------------------------------------------------------
-
-    def _run_script(
-        self,
-        script: str,
-        env: Mapping[str, str],
-        cwd: str | None,
-        timeout: float | None,
-    ) -> ExecResult:
-        """Run a bash script to completion; on timeout return `timed_out=True` (the caller
-        kills what is left)."""
-        raise NotImplementedError
-
-    def _put(self, path: str, data: bytes) -> None:
-        raise NotImplementedError
-
-    def _get(self, path: str) -> bytes:
-        raise NotImplementedError
-
-    def _destroy(self) -> None:
-        raise NotImplementedError
-
-    # -- shared plumbing -------------------------------------------------------------------
-
     def path(self, path: str) -> str:
         return posixpath.join(self.workdir, path)
 
-    def _command_env(
-        self, env: Mapping[str, str] | None, job_id: str
-    ) -> dict[str, str]:
+    def _cwd(self, cwd: str | None) -> str:
+        return self.path(cwd) if cwd else self.workdir
+
+    def _command_env(self, env: Mapping[str, str] | None, job_id: str) -> dict[str, str]:
         merged = {**self._env, **(env or {})}
         merged["HOME"] = self.home
         merged[SANDBOX_MARKER] = self.id
@@ -203,12 +159,20 @@ class RemoteShellSandbox(Sandbox):
         self._run_script(kill_marked_script(JOB_MARKER, job_id), {}, None, 60)
 
     def _read_text(self, path: str) -> str:
+        """A command's output file, or "" where it cannot be read (never written, machine gone:
+        the call that matters reports that)."""
         try:
             return self._get(path).decode("utf-8", errors="replace")
         except SandboxError:
             return ""
 
+    def _stop(self) -> None:
+        self._backend.reaper.stop(self.remote_id, self._stop_once)
+
     # -- the seam --------------------------------------------------------------------------
+
+    def proxy_url(self, host_url: str) -> str:
+        return public_base_url(self._backend.proxy_public_url, host_url, self.backend_name)
 
     def exec(
         self,
@@ -228,9 +192,7 @@ class RemoteShellSandbox(Sandbox):
             self._put(stdin_path, stdin)
         started = time.monotonic()
         script = exec_script(command, out, err, stdin_path)
-        result = self._run_script(
-            script, self._command_env(env, job_id), self._cwd(cwd), timeout
-        )
+        result = self._run_script(script, self._command_env(env, job_id), self._cwd(cwd), timeout)
         if result.timed_out:
             self.kill_job(job_id)
             result = ExecResult(
@@ -242,8 +204,25 @@ class RemoteShellSandbox(Sandbox):
         result.duration_s = time.monotonic() - started
         return result
 
-    def _cwd(self, cwd: str | None) -> str:
-        return self.path(cwd) if cwd else self.workdir
+    def start(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdout_path: str | None = None,
+    ) -> RemoteJob:
+        """Start in the background. stdout goes to `stdout_path` (default: a file under the
+        sandbox's logs/), stderr to the same path plus `.stderr`, as in the local backend."""
+        self._check_open()
+        job_id = uuid.uuid4().hex
+        out = self.path(stdout_path) if stdout_path else self._log_path("out")
+        script = job_script(command, out, f"{out}.stderr", f"{out}.exit")
+        with self._sdk_call(f"start {command!r}"):
+            job = self._start_job(script, self._command_env(env, job_id), self._cwd(cwd), job_id, out)
+        with self._lock:
+            self._jobs.append(job)
+        return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._check_open()
@@ -253,9 +232,7 @@ class RemoteShellSandbox(Sandbox):
         # result does not depend on the server's default or umask.
         chmod = self._run_script(f"chmod {mode:o} {shlex.quote(target)}", {}, None, 60)
         if chmod.exit_code != 0:
-            raise SandboxError(
-                f"could not chmod {path} in sandbox {self.id}: {chmod.stderr}"
-            )
+            raise SandboxError(f"could not chmod {path} in sandbox {self.id}: {chmod.stderr}")
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -268,8 +245,107 @@ class RemoteShellSandbox(Sandbox):
             self._closed = True
             jobs, self._jobs = self._jobs, []
         for job in jobs:
-            getattr(job, "forget", lambda: None)()
-        self._destroy()  # the whole VM goes: every process and file with it
+            job.forget()
+        self._stop()  # the whole machine goes: every process and file with it
 
 
-# -- E2B ---------------------------------------------------------------------------------------
+class RemoteJob(Job):
+    """A background command whose output and exit code the wrapper writes to files
+    (`job_script`). A subclass says how to wait for the SDK's process and how to kill it."""
+
+    def __init__(self, sandbox: RemoteShellSandbox, job_id: str, out: str) -> None:
+        self._sandbox = sandbox
+        self.id = job_id
+        self.stdout_path, self.stderr_path, self.exit_path = out, f"{out}.stderr", f"{out}.exit"
+        self._started = time.monotonic()
+        self._code: int | None = None
+        self._killed = False
+        self._timed_out = False
+        self._lost: Exception | None = None  # why we lost the command (its machine died)
+
+    def _await_exit(self, timeout: float | None) -> bool:
+        """Wait until the command ends (True) or `timeout` runs out (False)."""
+        raise NotImplementedError
+
+    def _kill_process(self) -> None:
+        """Kill the SDK's process; one that is gone already is no error."""
+        raise NotImplementedError
+
+    def _written_exit_code(self) -> int | None:
+        written = self._sandbox._read_text(self.exit_path).strip()
+        return int(written) if written.lstrip("-").isdigit() else None
+
+    def _check_lost(self) -> None:
+        if self._lost is not None and not self._killed:
+            raise self._sandbox._sdk_error(f"follow background job {self.id}", self._lost)
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        if not self._await_exit(timeout):
+            self._timed_out = True
+            self.kill()
+        code = TIMEOUT_EXIT_CODE if self._timed_out else self.poll()
+        return ExecResult(
+            exit_code=KILLED_EXIT_CODE if code is None else code,
+            stdout=self._sandbox._read_text(self.stdout_path),
+            stderr=self._sandbox._read_text(self.stderr_path),
+            timed_out=self._timed_out,
+            duration_s=time.monotonic() - self._started,
+        )
+
+    def kill(self) -> None:
+        if self._sandbox._closed:
+            return
+        if self._code is None and self._lost is None:
+            self._killed = True
+            with self._sandbox._sdk_call(f"kill background job {self.id}"):
+                self._kill_process()  # the group; setsid escapees need the marker kill below
+        self._sandbox.kill_job(self.id)
+
+    def forget(self) -> None:
+        """The sandbox is closing: whatever happens to the command now is no news."""
+        self._killed = True
+
+
+class RemoteShellBackend(SandboxBackend):
+    """What the e2b and hf backends share: the SDK's create call, the proxy's public URL and
+    a reaper that makes sure every machine is stopped."""
+
+    sandbox_class: ClassVar[type[RemoteShellSandbox]]
+    how_to_stop: ClassVar[str]  # a command that stops a machine by hand, {id} for its id
+
+    def __init__(
+        self,
+        *,
+        proxy_public_url: str | None,
+        sandbox_factory: Callable[..., Any] | None,
+        stop_delays_s: Sequence[float],
+    ) -> None:
+        self.proxy_public_url = proxy_public_url
+        self._factory = sandbox_factory
+        self.reaper = CloudReaper(self.name, self.how_to_stop, stop_delays_s)
+
+    def _sdk_create(self, spec: SandboxSpec) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """The SDK's create function and its keyword arguments for `spec`; `SandboxError` for
+        a spec this backend cannot run or a missing credential."""
+        raise NotImplementedError
+
+    def _create_error(self, exc: Exception) -> SandboxError:
+        return SandboxError(f"could not create an {self.name} sandbox: {exc}")
+
+    def create(self, spec: SandboxSpec) -> RemoteShellSandbox:
+        if spec.workdir is not None:
+            raise SandboxError(
+                f"the {self.name} sandbox copies the task's repo in; it cannot use one that lives"
+                f" inside an image (workdir={spec.workdir!r}): run such rows with"
+                ' sandbox="docker"'
+            )
+        factory, kwargs = self._sdk_create(spec)
+        try:
+            sdk_sandbox = factory(**kwargs)
+        except Exception as exc:
+            raise self._create_error(exc) from exc
+        return self.sandbox_class(sdk_sandbox, spec, self)
+
+    def close(self) -> None:
+        """Try once more to stop every machine that would not stop (each is warned about)."""
+        self.reaper.sweep()

@@ -1,8 +1,8 @@
 """The `e2b` sandbox: one E2B cloud microVM per rollout, driven through the `e2b` SDK.
 
 Install with `pip install harness-gym[e2b]` and set `E2B_API_KEY`. Written against e2b 2.63
-(`e2b/sandbox_sync/main.py`, `commands/command.py`, `commands/command_handle.py`,
-`filesystem/filesystem.py`).
+(`e2b/sandbox_sync/main.py`, `sandbox_sync/commands/command.py`, `command_handle.py`,
+`envd/rpc.py`, `exceptions.py`; the facts used are listed in docs/design.md).
 
 Reaching the proxy. The harness runs in E2B's cloud, so the proxy on this host's loopback is out
 of its reach. Expose the proxy at a public URL (a tunnel, or a host with a public address and
@@ -10,14 +10,16 @@ of its reach. Expose the proxy at a public URL (a tunnel, or a host with a publi
 the env then gives the harness `sandbox.proxy_url(proxy.url)`: that public URL with the proxy's
 path, instead of the loopback URL.
 
-Layout inside the VM (under one `mktemp -d` dir; the VM itself dies at `close()`)::
+Templates. E2B starts VMs from its own templates, not from Docker images: a task's `image_name`
+runs only where `templates=` maps it to a template built from that image; otherwise `create`
+says so (a VM without the task's dependencies would grade the agent in the wrong environment).
 
-    work/  the task repo, uploaded as one tar   (Sandbox.workdir)
-    home/  an empty HOME                         (Sandbox.home)
-    tmp/   TMPDIR
-    logs/  stdin, stdout and stderr files of commands
+A dead VM. e2b 2.63 raises `SandboxNotRunningException` (killed, or past its timeout) and
+`SandboxUnreachableException` as subclasses of `TimeoutException`, and maps a cancelled call to
+`TimeoutException` too. Only a `TimeoutException` that arrives when the command's own timeout
+has run out is a timeout here; everything else is a `SandboxError` (the episode: `infra_error`).
 
-The remote-shell machinery shared with the `hf` backend lives in `_remote.py`.
+Layout inside the VM, and the command wrapper: `_remote.py`.
 """
 
 from __future__ import annotations
@@ -27,116 +29,133 @@ import os
 import shlex
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._remote import (
-    KILLED_EXIT_CODE,
-    TIMEOUT_EXIT_CODE,
-    RemoteShellSandbox,
-    job_script,
-)
-from .base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
+from ._reaper import DEFAULT_STOP_DELAYS_S
+from ._remote import RemoteJob, RemoteShellBackend, RemoteShellSandbox
+from ._remote_shell import KILLED_EXIT_CODE, TIMEOUT_EXIT_CODE
+from .base import ExecResult, SandboxError, SandboxSpec
+
+STREAM_RECONNECTS = 3  # a background command's stream may drop while its VM runs on
+DEADLINE_SLACK_S = 0.05  # the SDK's deadline starts a little after our clock does
 
 
-class E2BJob(Job):
-    """A background command: an SDK `CommandHandle` waited on by a thread, so that `poll()`
-    and `wait(timeout)` need no polling round-trips."""
+def _with_path(script: str, env: Mapping[str, str]) -> str:
+    """The SDK runs `bash -l -c`: /etc/profile resets PATH, so a PATH the caller set is put
+    back inside the script."""
+    if "PATH" in env:
+        return f"export PATH={shlex.quote(env['PATH'])}; {script}"
+    return script
 
-    def __init__(
-        self, sandbox: E2BSandbox, handle: Any, job_id: str, out: str, err: str
-    ) -> None:
-        self._sandbox = sandbox
+
+class E2BJob(RemoteJob):
+    """A background command: an SDK `CommandHandle` followed by a thread, so that `poll()` and
+    `wait(timeout)` need no round-trips. A dropped stream is reconnected while the VM lives."""
+
+    def __init__(self, sandbox: E2BSandbox, handle: Any, job_id: str, out: str) -> None:
+        super().__init__(sandbox, job_id, out)
+        self._e2b = sandbox
         self._handle = handle
-        self.id = job_id
-        self.stdout_path, self.stderr_path = out, err
-        self._started = time.monotonic()
-        self._code: int | None = None
-        self._killed = False
-        self._timed_out = False
-        self._waiter = threading.Thread(target=self._wait_handle, daemon=True)
+        self._waiter = threading.Thread(target=self._follow, daemon=True, name=f"e2b-{job_id}")
         self._waiter.start()
 
-    def _wait_handle(self) -> None:
-        from e2b import CommandExitException, SandboxException
+    def _follow(self) -> None:
+        from e2b import CommandExitException, NotFoundException, SandboxNotRunningException
 
-        try:
-            self._code = self._handle.wait().exit_code
-        except CommandExitException as exc:
-            self._code = exc.exit_code
-        except SandboxException:  # stream lost (sandbox killed, network): gone for us
-            self._code = -1
-        finally:
-            if (
-                self._code is None
-            ):  # anything else: still never report "running" forever
-                self._code = -1
+        lost: Exception | None = None
+        for _ in range(STREAM_RECONNECTS + 1):
+            try:
+                self._code = self._handle.wait().exit_code
+                return
+            except CommandExitException as exc:  # the SDK raises on any non-zero exit
+                self._code = exc.exit_code
+                return
+            # The stream ended without the command's exit: the VM died (NotRunning), the
+            # connection dropped (Unreachable, a cancel mapped to TimeoutException, a transport
+            # error), or the SDK's bare "Command ended without an end event".
+            except Exception as exc:
+                lost = exc
+            if self._killed:
+                return
+            if isinstance(lost, SandboxNotRunningException) or not self._e2b.vm_running():
+                break
+            try:
+                self._handle = self._e2b.sdk.commands.connect(self._handle.pid, timeout=0)
+            except NotFoundException:  # envd forgets an ended command: the wrapper wrote its code
+                code = self._written_exit_code()
+                self._code = KILLED_EXIT_CODE if code is None else code
+                return
+            except Exception as exc:
+                lost = exc
+                break
+        self._lost = lost
+
+    def _await_exit(self, timeout: float | None) -> bool:
+        self._waiter.join(timeout)
+        return not self._waiter.is_alive()
 
     def poll(self) -> int | None:
         if self._waiter.is_alive():
             return -9 if self._killed else None
-        return self._code
+        self._check_lost()
+        return -9 if self._code is None else self._code  # None: we killed it, the stream broke
 
-    def wait(self, timeout: float | None = None) -> ExecResult:
-        self._waiter.join(timeout)
+    def _kill_process(self) -> None:
+        from e2b import SandboxException
+
         if self._waiter.is_alive():
-            self._timed_out = True
-            self.kill()
-        code = TIMEOUT_EXIT_CODE if self._timed_out else self.poll()
-        return ExecResult(
-            exit_code=KILLED_EXIT_CODE if code is None else code,
-            stdout=self._sandbox._read_text(self.stdout_path),
-            stderr=self._sandbox._read_text(self.stderr_path),
-            timed_out=self._timed_out,
-            duration_s=time.monotonic() - self._started,
-        )
+            with contextlib.suppress(SandboxException):  # gone already; a dead VM shows below
+                self._handle.kill()
 
     def kill(self) -> None:
-        if self._sandbox._closed:
-            return
-        if self._waiter.is_alive():
-            self._killed = True
-            from e2b import SandboxException
-
-            with contextlib.suppress(SandboxException):  # already gone
-                self._handle.kill()
-        self._sandbox.kill_job(self.id)
+        super().kill()
         self._waiter.join(5)
-
-    def forget(self) -> None:
-        self._killed = True
 
 
 class E2BSandbox(RemoteShellSandbox):
     backend_name = "e2b"
 
-    def __init__(self, sdk_sandbox: Any, spec: SandboxSpec) -> None:
-        super().__init__(spec)
-        self.sdk = sdk_sandbox  # the e2b.Sandbox, for what the seam does not cover
+    @property
+    def remote_id(self) -> str:
+        return str(self.sdk.sandbox_id)
+
+    def vm_running(self) -> bool:
+        """Whether the VM answers its health check (an error there: not for us any more)."""
         try:
-            self._make_layout()
-        except BaseException:
-            self._destroy()
-            raise
+            return bool(self.sdk.is_running())
+        except Exception:
+            return False
+
+    def _sdk_error(self, what: str, exc: Exception) -> SandboxError:
+        from e2b import SandboxNotRunningException, SandboxUnreachableException
+
+        if isinstance(exc, SandboxNotRunningException):
+            return SandboxError(
+                f"e2b sandbox {self.remote_id} is not running any more (killed, or past its"
+                f" timeout_s={self._backend.timeout_s}), so harness-gym could not {what}: {exc}"
+            )
+        if isinstance(exc, SandboxUnreachableException):
+            return SandboxError(
+                f"e2b sandbox {self.remote_id} cannot be reached (its network or envd is down,"
+                f" or ours), so harness-gym could not {what}: {exc}"
+            )
+        return super()._sdk_error(what, exc)
 
     def _run_script(
-        self,
-        script: str,
-        env: Mapping[str, str],
-        cwd: str | None,
-        timeout: float | None,
+        self, script: str, env: Mapping[str, str], cwd: str | None, timeout: float | None
     ) -> ExecResult:
-        from e2b import CommandExitException, TimeoutException
+        from e2b import (
+            CommandExitException,
+            SandboxNotRunningException,
+            SandboxUnreachableException,
+            TimeoutException,
+        )
 
-        # The SDK runs `bash -l -c`: /etc/profile resets PATH, so a PATH the caller set is
-        # put back inside the script.
-        if "PATH" in env:
-            script = f"export PATH={shlex.quote(env['PATH'])}; {script}"
         started = time.monotonic()
         try:
             result = self.sdk.commands.run(
-                script,
+                _with_path(script, env),
                 envs=dict(env),
                 cwd=cwd,
                 timeout=timeout or 0,  # the SDK's default is 60 s; 0 means no limit
@@ -144,105 +163,99 @@ class E2BSandbox(RemoteShellSandbox):
             code, stdout, stderr = result.exit_code, result.stdout, result.stderr
         except CommandExitException as exc:  # the SDK raises on any non-zero exit
             code, stdout, stderr = exc.exit_code, exc.stdout, exc.stderr
-        except TimeoutException:
-            return ExecResult(TIMEOUT_EXIT_CODE, "", "", timed_out=True)
+        except (SandboxNotRunningException, SandboxUnreachableException) as exc:
+            raise self._sdk_error("run a command", exc) from exc
+        except TimeoutException as exc:  # the command's deadline, or a cancelled call
+            if timeout and time.monotonic() - started >= timeout - DEADLINE_SLACK_S:
+                return ExecResult(TIMEOUT_EXIT_CODE, "", "", timed_out=True)
+            raise self._sdk_error("run a command (cancelled before its timeout)", exc) from exc
         except Exception as exc:
-            raise SandboxError(
-                f"e2b sandbox {self.id}: command failed to run: {exc}"
-            ) from exc
-        return ExecResult(
-            code, stdout or "", stderr or "", duration_s=time.monotonic() - started
-        )
+            raise self._sdk_error("run a command", exc) from exc
+        return ExecResult(code, stdout or "", stderr or "", duration_s=time.monotonic() - started)
 
-    def start(
-        self,
-        command: Sequence[str] | str,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdout_path: str | None = None,
+    def _start_job(
+        self, script: str, env: Mapping[str, str], cwd: str, job_id: str, out: str
     ) -> E2BJob:
-        """Start in the background. stdout goes to `stdout_path` (default: a file under the
-        sandbox's logs/), stderr to the same path plus `.stderr`, as in the local backend."""
-        self._check_open()
-        job_id = uuid.uuid4().hex
-        out = self.path(stdout_path) if stdout_path else self._log_path("out")
-        err = out + ".stderr"
-        envs = self._command_env(env, job_id)
-        script = job_script(command, out, err)
-        if "PATH" in envs:
-            script = f"export PATH={shlex.quote(envs['PATH'])}; {script}"
-        try:
-            handle = self.sdk.commands.run(
-                script, background=True, envs=envs, cwd=self._cwd(cwd), timeout=0
-            )
-        except Exception as exc:
-            raise SandboxError(
-                f"could not start {command!r} in e2b sandbox {self.id}: {exc}"
-            ) from exc
-        job = E2BJob(self, handle, job_id, out, err)
-        with self._lock:
-            self._jobs.append(job)
-        return job
+        handle = self.sdk.commands.run(
+            _with_path(script, env), background=True, envs=dict(env), cwd=cwd, timeout=0
+        )
+        return E2BJob(self, handle, job_id, out)
 
     def _put(self, path: str, data: bytes) -> None:
-        try:
+        with self._sdk_call(f"write {path}"):
             self.sdk.files.write(path, data)
-        except Exception as exc:
-            raise SandboxError(
-                f"could not write {path} in e2b sandbox {self.id}: {exc}"
-            ) from exc
 
     def _get(self, path: str) -> bytes:
-        try:
+        with self._sdk_call(f"read {path}"):
             return bytes(self.sdk.files.read(path, format="bytes"))
-        except Exception as exc:
-            raise SandboxError(
-                f"could not read {path} in e2b sandbox {self.id}: {exc}"
-            ) from exc
 
-    def _destroy(self) -> None:
-        from e2b import SandboxException
-
-        with contextlib.suppress(
-            SandboxException
-        ):  # gone already (its own timeout): fine
-            self.sdk.kill()
+    def _stop_once(self) -> bool:
+        self.sdk.kill()  # True: killed; False: not found (gone already); raises on failure
+        return True
 
 
-class E2BSandboxBackend(SandboxBackend):
+class E2BSandboxBackend(RemoteShellBackend):
     """Sandboxes as E2B microVMs.
 
     >>> backend = E2BSandboxBackend(template="my-harness-template",
     ...                             proxy_public_url="https://proxy.example.com")  # doctest: +SKIP
 
-    `template` is an E2B template with the harness CLIs installed (`SandboxSpec.image` overrides
-    it per rollout); `timeout_s` is the VM's lifetime, a backstop for a process that dies
-    without closing it. `sandbox_factory` replaces `e2b.Sandbox.create` (tests pass a fake).
+    `template` is an E2B template with the harness CLIs installed, for tasks without an image
+    (None: E2B's `base`); `templates` maps a task's Docker `image_name` to the E2B template built
+    from it. `timeout_s` is the VM's lifetime, a backstop for a process that dies without
+    closing it. `sandbox_factory` replaces `e2b.Sandbox.create` (tests pass a fake);
+    `stop_delays_s` are the pauses between tries to kill a VM.
     """
 
     name = "e2b"
+    sandbox_class = E2BSandbox
+    how_to_stop = "e2b sandbox kill {id}"
 
     def __init__(
         self,
         *,
         template: str | None = None,
+        templates: Mapping[str, str] | None = None,
         timeout_s: int = 3600,
         api_key: str | None = None,
         proxy_public_url: str | None = None,
         envs: Mapping[str, str] | None = None,
         sandbox_factory: Callable[..., Any] | None = None,
+        stop_delays_s: Sequence[float] = DEFAULT_STOP_DELAYS_S,
     ) -> None:
+        super().__init__(
+            proxy_public_url=proxy_public_url,
+            sandbox_factory=sandbox_factory,
+            stop_delays_s=stop_delays_s,
+        )
         self.template = template
+        self.templates = dict(templates or {})
         self.timeout_s = timeout_s
         self.api_key = api_key
-        self.proxy_public_url = proxy_public_url
         self.envs = dict(envs or {})
-        self._factory = sandbox_factory
 
-    def _sdk_factory(self) -> tuple[Callable[..., Any], str | None]:
+    def template_for(self, image: str | None) -> str | None:
+        """The E2B template a rollout of a task with Docker image `image` starts from."""
+        if image is None:
+            return self.template
+        if image in self.templates:
+            return self.templates[image]
+        raise SandboxError(
+            f"the task's Docker image {image!r} has no E2B template: E2B starts VMs from its own"
+            " templates, not from Docker images. Build a template from that image (e2b template"
+            f" build) and map it: E2BSandboxBackend(templates={{{image!r}: 'your-template'}})"
+        )
+
+    def _sdk_create(self, spec: SandboxSpec) -> tuple[Callable[..., Any], dict[str, Any]]:
+        kwargs: dict[str, Any] = {
+            "template": self.template_for(spec.image),
+            "timeout": self.timeout_s,
+            "envs": self.envs,
+        }
         if self._factory is not None:
-            return self._factory, self.api_key
+            if self.api_key is not None:
+                kwargs["api_key"] = self.api_key
+            return self._factory, kwargs
         api_key = self.api_key or os.environ.get("E2B_API_KEY")
         if not api_key:
             # The SDK would say the same (AuthenticationException), but only after building a
@@ -257,25 +270,16 @@ class E2BSandboxBackend(SandboxBackend):
             raise SandboxError(
                 "the e2b sandbox needs the e2b SDK: pip install 'harness-gym[e2b]'"
             ) from exc
-        return SdkSandbox.create, api_key
+        return SdkSandbox.create, {**kwargs, "api_key": api_key}
 
-    def create(self, spec: SandboxSpec) -> E2BSandbox:
-        factory, api_key = self._sdk_factory()
-        kwargs: dict[str, Any] = {
-            "template": spec.image or self.template,
-            "timeout": self.timeout_s,
-            "envs": self.envs,
-        }
-        if api_key is not None:
-            kwargs["api_key"] = api_key
-        try:
-            sdk_sandbox = factory(**kwargs)
-        except Exception as exc:
-            if type(exc).__name__ == "AuthenticationException":
-                raise SandboxError(
-                    f"e2b refused the API key ({exc}): set E2B_API_KEY to a valid key"
-                ) from exc
-            raise SandboxError(f"could not create an e2b sandbox: {exc}") from exc
-        sandbox = E2BSandbox(sdk_sandbox, spec)
-        sandbox.proxy_public_url = self.proxy_public_url
-        return sandbox
+    def _create_error(self, exc: Exception) -> SandboxError:
+        from e2b import AuthenticationException, SandboxException
+
+        if isinstance(exc, AuthenticationException):
+            return SandboxError(f"e2b refused the API key ({exc}): set E2B_API_KEY to a valid key")
+        if isinstance(exc, SandboxException) and exc.status_code in (400, 404):
+            return SandboxError(
+                f"e2b could not create a sandbox ({exc}): does the template exist in your E2B"
+                " team? Set template= (or templates= for tasks with a Docker image)"
+            )
+        return super()._create_error(exc)

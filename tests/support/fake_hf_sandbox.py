@@ -9,7 +9,16 @@ group and sets `timed_out`, `check` raises `SandboxCommandError`, and `backgroun
 a `SandboxProcess` (`id`, `pid`, `cmd`, `running`, `exit_code`, `kill()`) without output;
 `processes()`; `files.read(path) -> bytes`, `files.write(path, data, mode=None)`,
 `files.exists`, raising `SandboxError` with `status_code=404` for a missing file; `kill()` and
-`close()`; `proxy_url_for(port, path)`. Results and errors are the SDK's own types.
+`close()`; `proxy_url_for(port, path)`. Results and errors are the SDK's own types
+(tests/test_sdk_contract.py checks every call against the installed SDK).
+
+`kill()` behaves as the real one: it cancels the job through the Hub, and when the cancel fails
+it logs a warning and returns, leaving the job running (`Sandbox.cancel_failures` makes the
+next cancels fail, as a Hub answering 500 would). `HfApi` is the slice of
+`huggingface_hub.HfApi` that looks at and cancels jobs (`whoami`, `inspect_job` returning the
+SDK's `JobInfo`, `cancel_job`), over the fake sandboxes. A job that ended (cancelled, or
+`end()`) answers every request with the SDK's `SandboxError`; what status the real Jobs proxy
+gives then is not known from the SDK source.
 
 What it cannot be is the job's container: absolute paths are host paths (`/tmp` of the
 container is `TMPDIR`, a dir of the fake's own), processes are host processes. `kill()` kills
@@ -32,12 +41,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx2
+from huggingface_hub import JobInfo
 from huggingface_hub._sandbox import SandboxCommandResult
-from huggingface_hub.errors import SandboxCommandError, SandboxError
+from huggingface_hub.errors import HfHubHTTPError, SandboxCommandError, SandboxError
+from huggingface_hub.utils import logging
 
 from harness_gym.sandbox._processes import kill_marked
 
 FAKE_MARKER = "FAKE_HF_SANDBOX_ID"
+USER = "fake-user"
+logger = logging.get_logger("huggingface_hub._sandbox")  # where the real kill() logs
+
+
+def hub_error(status: int, message: str, method: str, url: str) -> HfHubHTTPError:
+    """The error `hf_raise_for_status` raises for a Hub answer with `status`."""
+    response = httpx2.Response(status, request=httpx2.Request(method, url))
+    return HfHubHTTPError(f"{status} Server Error: {message} for url: {url}", response=response)
 
 
 @dataclass
@@ -62,6 +82,7 @@ class SandboxFiles:
 
     def read(self, path: str) -> bytes:
         self._sandbox.calls.append(("files.read", {"path": path}))
+        self._sandbox._check_job()
         try:
             return Path(path).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -73,6 +94,7 @@ class SandboxFiles:
         self._sandbox.calls.append(
             ("files.write", {"path": path, "size": len(data), "mode": mode})
         )
+        self._sandbox._check_job()
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
@@ -85,6 +107,7 @@ class Sandbox:
     """`huggingface_hub.Sandbox`'s surface over a temp dir and host processes."""
 
     created: ClassVar[list[Sandbox]] = []
+    cancel_failures: ClassVar[int] = 0  # the next N job cancels fail (the Hub answers 500)
 
     def __init__(self, image: str, env: dict[str, Any] | None) -> None:
         self.id = f"fake-job-{secrets.token_hex(6)}"
@@ -102,7 +125,8 @@ class Sandbox:
         }
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self._procs: dict[str, tuple[subprocess.Popen[bytes], SandboxProcess]] = {}
-        self._killed = False
+        self._killed = False  # the SDK's flag: a kill() went through
+        self.stage = "RUNNING"  # the job's stage, as the Hub reports it
         self._lock = threading.Lock()
         self.files = SandboxFiles(self)
 
@@ -130,6 +154,7 @@ class Sandbox:
                     "flavor": flavor,
                     "idle_timeout": idle_timeout,
                     "env": env,
+                    "namespace": namespace,
                     "token": token,
                 },
             )
@@ -139,13 +164,14 @@ class Sandbox:
 
     # -- exec ------------------------------------------------------------------------------
 
+    def _check_job(self) -> None:
+        if self.stage != "RUNNING":
+            raise SandboxError("Sandbox API error (404): sandbox is gone", status_code=404)
+
     def _spawn(
         self, cmd: str | list[str], shell: bool | None, env: Any, cwd: Any, **io: Any
     ) -> Any:
-        if self._killed:
-            raise SandboxError(
-                "Sandbox API error (404): sandbox is gone", status_code=404
-            )
+        self._check_job()
         if (
             shell is True
             and not isinstance(cmd, str)
@@ -229,10 +255,10 @@ class Sandbox:
             )
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(
-                proc.pid, signal.SIGKILL
-            )  # "kill the command (whole process group)"
+            os.killpg(proc.pid, signal.SIGKILL)  # "kill the command (whole process group)"
             out, err = proc.communicate()
+        if self.stage != "RUNNING":  # the job ended under it: the stream ends, no exit event
+            raise SandboxError("connection lost while running command")
         code = proc.returncode
         result = SandboxCommandResult(
             exit_code=None if code < 0 else code,
@@ -248,6 +274,7 @@ class Sandbox:
 
     def processes(self) -> list[SandboxProcess]:
         self.calls.append(("processes", {}))
+        self._check_job()
         listed = []
         with self._lock:
             for proc, process in self._procs.values():
@@ -259,6 +286,7 @@ class Sandbox:
 
     def _kill_process(self, process_id: str | None) -> bool:
         self.calls.append(("process.kill", {"id": process_id}))
+        self._check_job()
         proc, _ = self._procs[process_id or ""]
         if proc.poll() is not None:
             return False
@@ -272,10 +300,31 @@ class Sandbox:
     # -- lifecycle -------------------------------------------------------------------------
 
     def kill(self) -> None:
+        """As huggingface_hub 2.4's `Sandbox._kill`: a failed cancel is logged, not raised."""
         self.calls.append(("kill", {}))
         if self._killed:
             return
+        try:
+            self._cancel_job()
+        except Exception as e:
+            logger.warning(f"Failed to kill sandbox {self.id}: {e}")
+            return
         self._killed = True
+
+    def _cancel_job(self) -> None:
+        """The Hub's job cancel: the job's processes and files go."""
+        if Sandbox.cancel_failures > 0:
+            Sandbox.cancel_failures -= 1
+            url = f"https://huggingface.co/api/jobs/{USER}/{self.id}/cancel"
+            raise hub_error(500, "Internal Server Error", "POST", url)
+        self.end("CANCELED")
+
+    def end(self, stage: str = "COMPLETED") -> None:
+        """The job ends (cancelled, idle, crashed): its processes and files go with it."""
+        with self._lock:
+            if self.stage != "RUNNING":
+                return
+            self.stage = stage
         for proc, _ in list(self._procs.values()):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -293,6 +342,43 @@ class Sandbox:
     ) -> str:
         path = path if path.startswith("/") else "/" + path
         return f"{scheme}{self.id}--49983.hf.jobs/v1/proxy/{port}{path}"
+
+
+class HfApi:
+    """The Jobs calls of `huggingface_hub.HfApi`, over the fake sandboxes."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def whoami(self, token: bool | str | None = None, *, cache: bool = False) -> dict:
+        self.calls.append(("whoami", {"cache": cache}))
+        return {"type": "user", "name": USER}
+
+    @staticmethod
+    def _job(job_id: str, method: str, url: str) -> Sandbox:
+        for box in Sandbox.created:
+            if box.id == job_id:
+                return box
+        raise hub_error(404, "Not Found", method, url)
+
+    def inspect_job(
+        self, *, job_id: str, namespace: str | None = None, token: bool | str | None = None
+    ) -> JobInfo:
+        self.calls.append(("inspect_job", {"job_id": job_id, "namespace": namespace}))
+        box = self._job(job_id, "GET", f"https://huggingface.co/api/jobs/{namespace}/{job_id}")
+        return JobInfo(
+            id=job_id,
+            dockerImage=box.image,
+            status={"stage": box.stage, "message": None},
+            owner={"id": "0", "name": USER, "type": "user"},
+        )
+
+    def cancel_job(
+        self, *, job_id: str, namespace: str | None = None, token: bool | str | None = None
+    ) -> None:
+        self.calls.append(("cancel_job", {"job_id": job_id, "namespace": namespace}))
+        url = f"https://huggingface.co/api/jobs/{namespace}/{job_id}/cancel"
+        self._job(job_id, "POST", url)._cancel_job()
 
 
 def _decode(data: bytes | None) -> str:
