@@ -55,7 +55,9 @@ class NoModelEngine(Engine):
     def tokenizer(self) -> Any:
         return tiny_tokenizer()
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
         raise AssertionError("these episodes make no model call")
 
 
@@ -84,7 +86,9 @@ class ScriptHarness(HarnessSpec):
         assert isinstance(self._sandbox, RemoteShellSandbox)
         return self._sandbox.remote_id
 
-    def prepare(self, sandbox: Sandbox, endpoint: Endpoint, prompt: str, cache_dir=None) -> LaunchPlan:
+    def prepare(
+        self, sandbox: Sandbox, endpoint: Endpoint, prompt: str, cache_dir=None
+    ) -> LaunchPlan:
         self._sandbox = sandbox
         if self.end_after_s is not None:
             threading.Timer(self.end_after_s, self.end_machine, args=(sandbox,)).start()
@@ -238,7 +242,7 @@ class RemoteSandboxConformance:
         assert terminated
         return {**info, "reward": reward}
 
-    def test_an_episode_whose_machine_dies_during_the_run_ends_infra_error_not_timeout(self) -> None:
+    def test_an_episode_whose_machine_dies_during_the_run_ends_infra_error_not_timeout(self):
         backend = self.make_backend(proxy_public_url="https://proxy.invalid")
         started = time.monotonic()
         harness = ScriptHarness("sleep 50", self.end_machine, 0.5)
@@ -247,7 +251,7 @@ class RemoteSandboxConformance:
         assert harness.remote_id in info["error"] and "background job" in info["error"]
         assert time.monotonic() - started < 40  # not the harness's 50 s, nor the timeout's 60
 
-    def test_an_episode_whose_machine_dies_before_grading_ends_infra_error_not_timeout(self) -> None:
+    def test_an_episode_whose_machine_dies_before_grading_ends_infra_error_not_timeout(self):
         backend = self.make_backend(proxy_public_url="https://proxy.invalid")
         harness = ScriptHarness("exit 0", self.end_machine)
         info = self.run_episode(harness, backend)

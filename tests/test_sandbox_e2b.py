@@ -54,20 +54,10 @@ def sdk_of(box: Sandbox) -> fake_e2b.Sandbox:
     return box.sdk
 
 
-class TestE2BOverTheFakeSDK(SandboxConformance):
+class TestE2BOverTheFakeSDK(RemoteSandboxConformance, SandboxConformance):
     backend_name = "e2b"
     isolates_files = False  # the fake's "VMs" share this host's filesystem
     signal_exit_codes = (137,)  # our wrapper shell reports a signal death as 128+n
-
-    @pytest.fixture
-    def backend(self) -> Iterator[SandboxBackend]:
-        backend = fake_backend()
-        yield backend
-        backend.close()
-
-
-class TestE2BWhenTheCloudFails(RemoteSandboxConformance):
-    backend_name = "e2b"
 
     def make_backend(self, **options: Any) -> E2BSandboxBackend:
         return fake_backend(**options)

@@ -47,20 +47,10 @@ def sdk_of(box: Sandbox) -> fake_hf_sandbox.Sandbox:
     return box.sdk
 
 
-class TestHFOverTheFakeSDK(SandboxConformance):
+class TestHFOverTheFakeSDK(RemoteSandboxConformance, SandboxConformance):
     backend_name = "hf"
     isolates_files = False  # the fake's "jobs" share this host's filesystem
     signal_exit_codes = (137,)  # our wrapper shell reports a signal death as 128+n
-
-    @pytest.fixture
-    def backend(self) -> Iterator[SandboxBackend]:
-        backend = fake_backend()
-        yield backend
-        backend.close()
-
-
-class TestHFWhenTheCloudFails(RemoteSandboxConformance):
-    backend_name = "hf"
 
     def make_backend(self, **options: Any) -> HFSandboxBackend:
         return fake_backend(**options)
@@ -164,7 +154,8 @@ def test_exec_sends_an_argv_env_cwd_and_timeout_and_never_lets_the_sdk_raise() -
         assert name == "run" and args["shell"] is False and args["check"] is False
         assert args["cmd"][:2] == ["bash", "-c"]
         assert "sh -c 'echo $CALL; exit 3'" in args["cmd"][2]
-        assert (args["cwd"], args["timeout"], args["background"]) == (f"{box.workdir}/sub", 7, False)
+        assert (args["cwd"], args["timeout"]) == (f"{box.workdir}/sub", 7)
+        assert args["background"] is False
         assert args["env"]["SPEC"] == "s" and args["env"]["CALL"] == "c"
         assert args["env"]["HOME"] == box.home
 
@@ -211,7 +202,8 @@ def test_close_kills_the_job_once_and_checks_its_stage_with_the_jobs_api() -> No
     box.close()
     box.close()
     assert [name for name, _ in sdk_of(box).calls].count("kill") == 1
-    assert ("inspect_job", {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}) in jobs.calls
+    asked = {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}
+    assert ("inspect_job", asked) in jobs.calls
     assert sdk_of(box).stage == "CANCELED"
 
 
@@ -226,7 +218,8 @@ def test_a_cancel_the_sdk_only_logged_is_retried_through_the_jobs_api(
         warnings.simplefilter("error", UnstoppedSandboxWarning)
         box.close()  # kill() logs "Failed to kill sandbox" and returns; the job runs on
     assert f"Failed to kill sandbox {box.remote_id}" in caplog.text
-    assert ("cancel_job", {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}) in jobs.calls
+    asked = {"job_id": box.remote_id, "namespace": fake_hf_sandbox.USER}
+    assert ("cancel_job", asked) in jobs.calls
     assert sdk_of(box).stage == "CANCELED"
 
 

@@ -2,7 +2,7 @@
 through a cloud SDK's remote shell.
 
 A subclass says how to run one bash script (`_run_script`), start one in the background
-(`_start_job`), move bytes (`_put`, `_get`), stop the machine (`_stop_once`) and what an SDK
+(`_start_job`), read a file (`_get`), stop the machine (`_stop_once`) and what an SDK
 error means (`_sdk_error`). The rest is here: the per-rollout layout, every command's
 environment and markers, `exec`, files, a job's output and exit code, the marker kill, and a
 stop that is retried until the service confirms it (`_reaper.py`). The shell scripts are in
@@ -81,7 +81,8 @@ class RemoteShellSandbox(Sandbox):
         raise NotImplementedError
 
     def _put(self, path: str, data: bytes) -> None:
-        raise NotImplementedError
+        with self._sdk_call(f"write {path}"):
+            self.sdk.files.write(path, data)  # the same call in both SDKs
 
     def _get(self, path: str) -> bytes:
         raise NotImplementedError
@@ -219,7 +220,8 @@ class RemoteShellSandbox(Sandbox):
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
         script = job_script(command, out, f"{out}.stderr", f"{out}.exit")
         with self._sdk_call(f"start {command!r}"):
-            job = self._start_job(script, self._command_env(env, job_id), self._cwd(cwd), job_id, out)
+            env_ = self._command_env(env, job_id)
+            job = self._start_job(script, env_, self._cwd(cwd), job_id, out)
         with self._lock:
             self._jobs.append(job)
         return job

@@ -181,10 +181,6 @@ class E2BSandbox(RemoteShellSandbox):
         )
         return E2BJob(self, handle, job_id, out)
 
-    def _put(self, path: str, data: bytes) -> None:
-        with self._sdk_call(f"write {path}"):
-            self.sdk.files.write(path, data)
-
     def _get(self, path: str) -> bytes:
         with self._sdk_call(f"read {path}"):
             return bytes(self.sdk.files.read(path, format="bytes"))

@@ -128,10 +128,6 @@ class HFSandbox(RemoteShellSandbox):
         )
         return HFJob(self, process, job_id, out)
 
-    def _put(self, path: str, data: bytes) -> None:
-        with self._sdk_call(f"write {path}"):
-            self.sdk.files.write(path, data)
-
     def _get(self, path: str) -> bytes:
         with self._sdk_call(f"read {path}"):
             return bytes(self.sdk.files.read(path))
@@ -139,13 +135,14 @@ class HFSandbox(RemoteShellSandbox):
     def _stop_once(self) -> bool:
         first = self._stop_tries == 0
         self._stop_tries += 1
-        if not first and self._backend.job_stopped(self.remote_id):
-            return True
         if first:
             self.sdk.kill()  # cancels the job and closes the client; a failed cancel only logs
-        else:
+        elif not self._backend.job_stopped(self.remote_id):
             self._backend.cancel_job(self.remote_id)
-        return self._backend.job_stopped(self.remote_id)
+        if not self._backend.job_stopped(self.remote_id):
+            return False
+        self.sdk.close()  # the HTTP client (kill() closes it only when its own cancel worked)
+        return True
 
 
 class HFSandboxBackend(RemoteShellBackend):

@@ -169,7 +169,13 @@ class Commands:
         box.calls.append(
             (
                 "commands.run",
-                {"cmd": cmd, "background": background, "envs": envs, "cwd": cwd, "timeout": timeout},
+                {
+                    "cmd": cmd,
+                    "background": background,
+                    "envs": envs,
+                    "cwd": cwd,
+                    "timeout": timeout,
+                },
             )
         )
         if box.gone:
@@ -228,7 +234,8 @@ class Filesystem:
 
     def _check_vm(self) -> None:
         if self.sandbox.gone:
-            raise format_envd_api_exception(502, f"The sandbox {self.sandbox.sandbox_id} was not found")
+            message = f"The sandbox {self.sandbox.sandbox_id} was not found"
+            raise format_envd_api_exception(502, message)
 
     def write(self, path: str, data: str | bytes, user: str | None = None, **_: Any) -> WriteInfo:
         self.sandbox.calls.append(("files.write", {"path": path, "size": len(data)}))
