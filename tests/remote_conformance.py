@@ -14,6 +14,7 @@ boundary (tests/test_sdk_contract.py checks that), so these tests see what a use
 from __future__ import annotations
 
 import functools
+import pickle
 import tempfile
 import threading
 import time
@@ -180,6 +181,13 @@ class RemoteSandboxConformance:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UnstoppedSandboxWarning)
             box.close()
+
+    def test_a_backend_still_works_after_a_pickle_round_trip(self, backend) -> None:
+        # Ray sends the backend object to its actors by pickle.
+        copy = pickle.loads(pickle.dumps(backend))
+        with copy.create(SandboxSpec()) as box:
+            assert box.exec("echo hi").stdout == "hi\n"
+        copy.close()
 
     # -- a stop that fails -------------------------------------------------------------------
 

@@ -57,6 +57,13 @@ class CloudReaper:
         )
         return False
 
+    def __getstate__(self) -> dict[str, object]:
+        # A backend travels to Ray actors by pickle; each process reaps what it started.
+        return {"backend": self.backend, "how_to_stop": self.how_to_stop, "delays_s": self.delays_s}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
     def unstopped(self) -> list[str]:
         with self._lock:
             return list(self._unstopped)

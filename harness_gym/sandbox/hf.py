@@ -230,6 +230,12 @@ class HFSandboxBackend(RemoteShellBackend):
             f"could not create an hf sandbox: {exc} (is HF_TOKEN set and allowed to run Jobs?)"
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_jobs_lock"}  # Ray pickles it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _jobs_lock=threading.Lock())
+
     # -- the Jobs API, for a stop that is checked ------------------------------------------
 
     def _jobs(self) -> tuple[Any, str]:
