@@ -165,7 +165,7 @@ ZERO_ENGINE = textwrap.dedent('''
         async def _gen(self):
             yield TokenChunk(list(self.ids), [0.0] * len(self.ids), "stop")
 
-        def stream(self, prompt_ids, sampling):
+        def stream(self, prompt_ids, sampling, context=None):
             return self._gen()
 ''')
 

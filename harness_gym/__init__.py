@@ -23,6 +23,10 @@ if ENV_ID not in registry:
 
 
 def __getattr__(name: str):
+    if name == "EpisodeConfig":
+        from .config import EpisodeConfig
+
+        return EpisodeConfig
     if name == "HarnessSWEEnv":
         from .env import HarnessSWEEnv
 
@@ -34,4 +38,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ENV_ID", "HarnessSWEEnv", "InterceptionProxy", "RewardConfig", "__version__"]
+__all__ = ["ENV_ID", "EpisodeConfig", "HarnessSWEEnv", "InterceptionProxy", "RewardConfig",
+           "__version__"]

@@ -1,39 +1,57 @@
 """`HarnessSWE-v0`: one `step()` is one whole episode of a real coding-agent CLI on a task.
 
-    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
-    >>> env = gym.make("HarnessSWE-v0", harness="pi", engine="oracle")
-    >>> problem, info = env.reset(seed=0)
-    >>> _, reward, terminated, truncated, info = env.step({"policy_version": 0})
-    >>> info["outcome"], reward, len(info["trace"])
+    >>> import gymnasium as gym, harness_gym
+    >>> env = gym.make("HarnessSWE-v0", harness="pi", engine="oracle")     # doctest: +SKIP
+    >>> problem, info = env.reset(seed=0)                                 # doctest: +SKIP
+    >>> _, reward, terminated, truncated, info = env.step({"policy_version": 0})  # doctest: +SKIP
+    >>> info["outcome"], reward, len(info["trace"])                       # doctest: +SKIP
     ('passed', 0.99, 1)
-    >>> env.close()
+    >>> env.close()                                                       # doctest: +SKIP
+
+(Skipped as a doctest: it installs and runs the Pi CLI; tests/test_env.py runs it.) Settings
+are checked when the env is made, before anything heavy loads:
+
+    >>> gym.make("HarnessSWE-v0", harness="pi", engine="smollm")
+    Traceback (most recent call last):
+    ...
+    harness_gym.config.EpisodeConfigError: unknown engine 'smollm' (did you mean 'smollm2'?); ...
+
+Keywords: `tasks` (a suite name, path or list of `Task`s), `render_mode`, and the episode
+settings of `harness_gym.config.EpisodeConfig` (`harness`, `engine`, `sandbox`, `reward`,
+`episode_timeout_s`, `test_timeout_s`, `sampling`, `context_overflow`, `progress`), or `config=`
+a ready `EpisodeConfig`. `sandbox=None` picks `harness_gym.sandbox.default_sandbox()`.
 
 Observation: the task's problem statement (a `str`; `AnyText` space). Action: a dict, every key
 optional (`None` works too): `policy_version` (int, the version of the weights the engine is
 serving, recorded on every call of the episode) and `temperature` (float in [0, 2], overriding
 the session's sampling). Each step ends the episode: `terminated` is True, `truncated` False;
-time-outs are reported as `info["outcome"] == "timeout"`. `info` holds the keys documented in
-DESIGN.md (trace segments as plain lists).
+time-outs are reported as `info["outcome"] == "timeout"`.
 
-`sandbox=None` picks `bwrap` where bubblewrap works on this machine, else `local`.
+`info` holds: `task_id`, `harness`, `outcome` (passed, failed, timeout, harness_error,
+infra_error), `reward_breakdown`, `n_llm_calls`, `n_tool_calls`, `n_truncations`, `tests`
+(test id -> status), `patch`, `trace` (segments as plain lists, fields as
+`harness_gym.trace.SEGMENT_SCHEMA`), `model` (the engine's model name), `tokenizer` (what the
+trace's ids decode with: "tiny", "smollm2" or a tokenizer directory; None if the engine names
+none), `policy_version_min` / `policy_version_max`, `duration_s`, `harness_output`, `grade` and
+`error`; see docs/design.md.
+
 Heavy resources (engine, proxy, harness install) are created at the first `reset()`, so
 `gymnasium.make` is cheap and `close()` releases everything the env started.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .config import EpisodeConfig, EpisodeConfigError
 from .engines import Engine
-from .episode import EpisodeResult, EpisodeStack
-from .harness import HarnessSpec, load_harness
-from .rewards import RewardConfig
-from .sandbox import SandboxBackend
+from .episode import EpisodeRequest, EpisodeResult, EpisodeStack
+from .harness import HarnessSpec
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -68,37 +86,23 @@ class HarnessSWEEnv(gym.Env[str, dict]):
 
     def __init__(
         self,
-        harness: str | HarnessSpec = "pi",
         tasks: TaskSpec | list[Task] = "builtin",
-        engine: str | Engine = "smollm2",
-        sandbox: str | SandboxBackend | None = None,
-        reward: RewardConfig | dict[str, Any] | None = None,
-        episode_timeout_s: float = 900.0,
-        test_timeout_s: float = 300.0,
-        sampling: dict[str, Any] | None = None,
-        context_overflow: str = "error",
         render_mode: str | None = None,
-        progress: bool = False,
+        config: EpisodeConfig | None = None,
+        **settings: Any,
     ) -> None:
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        if episode_timeout_s <= 0 or test_timeout_s <= 0:
-            raise ValueError("episode_timeout_s and test_timeout_s must be positive")
-        self.harness = load_harness(harness)
+        self.config = EpisodeConfig.build(config, **settings)
+        if len(self.config.harness) != 1:
+            raise EpisodeConfigError(
+                "HarnessSWE-v0 runs one harness per env; for several use gymnasium.make_vec "
+                f"(got {[h.name for h in self.config.harness]})")
+        self.harness: HarnessSpec = self.config.harness[0]
         self.tasks = load_tasks(tasks)
-        self.reward_config = RewardConfig.coerce(reward)
         self.render_mode = render_mode
         self.observation_space = AnyText(MAX_PROBLEM_CHARS)
         self.action_space = ACTION_SPACE
-        self._engine_spec = engine
-        self._sandbox_spec = sandbox
-        self._sampling = dict(sampling or {})
-        if context_overflow not in ("error", "truncate"):
-            raise ValueError(f"context_overflow is 'error' or 'truncate', not {context_overflow!r}")
-        self._context_overflow = context_overflow
-        self._episode_timeout_s = episode_timeout_s
-        self._test_timeout_s = test_timeout_s
-        self._progress = progress
         self._stack: EpisodeStack | None = None
         self._task: Task | None = None
         self._last: EpisodeResult | None = None
@@ -107,13 +111,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
 
     def _start(self) -> EpisodeStack:
         if self._stack is None:
-            say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
-            self._stack = EpisodeStack(
-                self._engine_spec, [self.harness], sandbox=self._sandbox_spec,
-                reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
-                test_timeout_s=self._test_timeout_s, context_overflow=self._context_overflow,
-                progress=say,
-            )
+            self._stack = EpisodeStack(self.config)
         return self._stack
 
     @property
@@ -149,10 +147,9 @@ class HarnessSWEEnv(gym.Env[str, dict]):
     def step(self, action: dict[str, Any] | None) -> tuple[str, float, bool, bool, dict]:
         if self._task is None:
             raise gym.error.ResetNeeded("call reset() before step(): each step is one episode")
-        sampling, version = parse_action(action, self._sampling)
+        sampling, version = parse_action(action, self.config.sampling)
         self._last = self._start().run(
-            self.harness.name, self._task, sampling=sampling, policy_version=version
-        )
+            EpisodeRequest(self.harness.name, self._task, sampling, version))
         observation = self._task.problem_statement
         self._task = None  # one episode per reset
         return observation, self._last.reward, True, False, self._last.info()
@@ -166,7 +163,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
 
 
 def parse_action(
-    action: dict[str, Any] | None, base_sampling: dict[str, Any]
+    action: dict[str, Any] | None, base_sampling: Mapping[str, Any]
 ) -> tuple[dict[str, Any], int | None]:
     """(session sampling, policy version) from an action; see the module docstring."""
     if action is None:

@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config import EpisodeConfig
 from .engines import Engine, load_engine
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import SandboxBackend, SandboxError, SandboxSpec
-from .tasks.grader import capture_patch, grade
+from .tasks.grader import GradeResult, capture_patch, grade
 from .tasks.loader import materialize
 from .tasks.task import Task
+from .trace import SessionTrace
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +40,69 @@ TASK_INSTRUCTION = (
 )
 
 
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to run: which harness on which task, with the session's sampling and the
+    policy version its calls are labelled with (None: the engine's current one)."""
+
+    harness: str
+    task: Task
+    sampling: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
+
+
 @dataclass
 class EpisodeResult:
+    """One finished episode, typed; `info()` is the one place it becomes plain data.
+
+    `model` is the engine's model name and `tokenizer` what `harness-gym trace` reloads the
+    tokenizer from (`Engine.tokenizer_source`: "tiny", "smollm2" or a directory; None when the
+    engine names none), so a trace is decoded with the tokenizer that made its ids.
+    """
+
     task_id: str
     harness: str
     outcome: str
     reward: float
     reward_breakdown: dict[str, Any]
-    n_llm_calls: int
-    n_tool_calls: int
-    tests: dict[str, str]
-    patch: str
-    trace: list[dict[str, Any]]
-    duration_s: float
-    n_truncations: int = 0
-    harness_output: dict[str, Any] = field(default_factory=dict)
-    grade: dict[str, Any] = field(default_factory=dict)
+    patch: str = ""
+    duration_s: float = 0.0
+    trace: SessionTrace = field(default_factory=SessionTrace)
+    model: str | None = None
+    tokenizer: str | None = None
+    harness_output: HarnessOutput = field(default_factory=lambda: HarnessOutput(None, None, ""))
+    grade: GradeResult | None = None
     error: str | None = None
 
+    @classmethod
+    def never_ran(cls, request: EpisodeRequest, reward: RewardConfig, error: str) -> EpisodeResult:
+        """The `infra_error` result of an episode that could not run at all (our side)."""
+        value, breakdown = reward("infra_error", 0)
+        return cls(request.task.instance_id, request.harness, "infra_error", value, breakdown,
+                   error=error)
+
+    @property
+    def n_llm_calls(self) -> int:
+        return self.trace.n_llm_calls
+
+    @property
+    def n_tool_calls(self) -> int:
+        return self.trace.n_tool_calls
+
+    @property
+    def n_truncations(self) -> int:
+        return self.trace.n_truncations
+
+    @property
+    def tests(self) -> dict[str, str]:
+        """Per-test status of the graded run (empty when the tests did not run)."""
+        if self.grade is None:
+            return {}
+        return {test: str(status) for test, status in self.grade.tests.items()}
+
     def info(self) -> dict[str, Any]:
-        versions = [v for s in self.trace if s["role"] != "discarded" for v in s["policy_versions"]]
+        versions = [v for s in self.trace.segments if s.role != "discarded"
+                    for v in s.policy_versions]
         return {
             "task_id": self.task_id,
             "harness": self.harness,
@@ -68,14 +113,23 @@ class EpisodeResult:
             "n_truncations": self.n_truncations,
             "tests": self.tests,
             "patch": self.patch,
-            "trace": self.trace,
+            "trace": self.trace.to_dicts(),
+            "model": self.model,
+            "tokenizer": self.tokenizer,
             "policy_version_min": min(versions, default=None),
             "policy_version_max": max(versions, default=None),
             "duration_s": self.duration_s,
-            "harness_output": self.harness_output,
-            "grade": self.grade,
+            "harness_output": asdict(self.harness_output),
+            "grade": _grade_info(self.grade),
             "error": self.error,
         }
+
+
+def _grade_info(graded: GradeResult | None) -> dict[str, Any]:
+    if graded is None:
+        return {}
+    return {"f2p": asdict(graded.f2p), "p2p": asdict(graded.p2p), "failing": graded.failing,
+            "test_output": graded.test_output, "duration_s": graded.duration_s}
 
 
 class EpisodeRunner:
@@ -86,19 +140,12 @@ class EpisodeRunner:
         proxy: InterceptionProxy,
         harness: HarnessSpec,
         backend: SandboxBackend,
-        *,
-        reward: RewardConfig,
-        episode_timeout_s: float,
-        test_timeout_s: float,
-        context_overflow: str = "error",
+        config: EpisodeConfig,
     ) -> None:
         self.proxy = proxy
-        self.context_overflow = context_overflow
         self.harness = harness
         self.backend = backend
-        self.reward = reward
-        self.episode_timeout_s = episode_timeout_s
-        self.test_timeout_s = test_timeout_s
+        self.config = config
         self._repos = Path(tempfile.mkdtemp(prefix="harness-gym-repos-"))
         self._repo_lock = threading.Lock()
 
@@ -115,20 +162,20 @@ class EpisodeRunner:
         in), or a dataset row's image, whose checkout is used where it lies (`repo_path` in the
         row, SWE-bench's `/testbed` by default). Raises `SandboxError` for a row this backend
         cannot run."""
+        mounts = self.harness.sandbox_mounts()
         if task.repo_dir is not None:
-            return SandboxSpec(
-                repo=self.repo_for(task), image=task.image_name, label=task.instance_id
-            )
+            return SandboxSpec(repo=self.repo_for(task), image=task.image_name,
+                               label=task.instance_id, ro_mounts=mounts)
         if not task.image_name:
             raise SandboxError(
                 f"task {task.instance_id!r} is a dataset row with no repo_dir and no image_name: "
                 "its repository lives only in its docker image; give the row an image_name and "
                 'run it with sandbox="docker"'
             )
-        if not getattr(self.backend, "runs_images", False):
+        if not self.backend.runs_images:
             raise SandboxError(
                 f"task {task.instance_id!r} is a dataset row: its repository lives in the image "
-                f"{task.image_name!r}, which the {getattr(self.backend, 'name', '?')!r} sandbox "
+                f"{task.image_name!r}, which the {self.backend.name!r} sandbox "
                 'cannot run; use sandbox="docker"'
             )
         return SandboxSpec(
@@ -136,6 +183,7 @@ class EpisodeRunner:
             image=task.image_name,
             workdir=str(task.extra.get("repo_path") or "/testbed"),
             label=task.instance_id,
+            ro_mounts=mounts,
         )
 
     def run(
@@ -146,34 +194,32 @@ class EpisodeRunner:
         policy_version: int | None = None,
     ) -> EpisodeResult:
         started = time.monotonic()
+        config, engine = self.config, self.proxy.engine
         sandbox = session = None
         outcome, error = "infra_error", None
-        tests: dict[str, str] = {}
         patch = ""
         output = HarnessOutput(None, None, "")
-        grade_info: dict[str, Any] = {}
+        graded: GradeResult | None = None
+        trace = SessionTrace()
         try:
             sandbox = self.backend.create(self.sandbox_spec(task))
-            session = self.proxy.open_session(policy_version, sampling, self.context_overflow)
+            session = self.proxy.open_session(policy_version, sampling, config.context_overflow)
             endpoint = Endpoint(
                 base_url=sandbox.proxy_url(self.proxy.url),
                 api_key=session.session_id,
-                model=self.proxy.engine.model_name,
-                context_length=self.proxy.engine.max_context,
+                model=engine.model_name,
+                context_length=engine.max_context,
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
-            run = job.wait(timeout=self.episode_timeout_s)
+            run = job.wait(timeout=config.episode_timeout_s)
             output = self.harness.parse_output(run.stdout)
             if run.timed_out:
                 outcome = "timeout"
-                error = f"the harness ran past episode_timeout_s={self.episode_timeout_s:g}"
+                error = f"the harness ran past episode_timeout_s={config.episode_timeout_s:g}"
                 patch = _patch_or_empty(sandbox, task)
             else:
-                graded = grade(task, sandbox, timeout_s=self.test_timeout_s)
-                outcome, tests, patch, error = graded.outcome, graded.to_info()["tests"], graded.patch, graded.error
-                grade_info = {"f2p": vars(graded.f2p), "p2p": vars(graded.p2p),
-                              "failing": graded.failing, "test_output": graded.test_output,
-                              "duration_s": graded.duration_s}
+                graded = grade(task, sandbox, timeout_s=config.test_timeout_s)
+                outcome, patch, error = graded.outcome, graded.patch, graded.error
                 harness_failed = run.exit_code != 0 or output.error is not None
                 if outcome == "failed" and harness_failed:
                     outcome = "harness_error"
@@ -183,30 +229,25 @@ class EpisodeRunner:
             log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id, error,
                         exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError)))
         finally:
-            trace_json = session.trace_json() if session is not None else {}
             if session is not None:
                 self.proxy.close_session(session.session_id)
+                trace = session.trace.snapshot()
             if sandbox is not None:
                 sandbox.close()
-        n_tool_calls = trace_json.get("n_tool_calls", 0)
-        reward, breakdown = self.reward(outcome, n_tool_calls)
+        reward, breakdown = config.reward(outcome, trace.n_tool_calls)
         return EpisodeResult(
             task_id=task.instance_id,
             harness=self.harness.name,
             outcome=outcome,
             reward=reward,
             reward_breakdown=breakdown,
-            n_llm_calls=trace_json.get("n_llm_calls", 0),
-            n_tool_calls=n_tool_calls,
-            tests=tests,
             patch=patch,
-            trace=trace_json.get("segments", []),
             duration_s=time.monotonic() - started,
-            n_truncations=trace_json.get("n_truncations", 0),
-            harness_output={"final_message": output.final_message,
-                            "n_tool_calls": output.n_tool_calls, "tail": output.tail,
-                            "error": output.error},
-            grade=grade_info,
+            trace=trace,
+            model=engine.model_name,
+            tokenizer=engine.tokenizer_source,
+            harness_output=output,
+            grade=graded,
             error=error,
         )
 
@@ -218,56 +259,55 @@ class EpisodeStack:
     """What an env starts once and shares across its episodes: the engine, one proxy in front
     of it, the sandbox backend, and one `EpisodeRunner` per harness (installed on the way).
 
-    `HarnessSWEEnv`, `HarnessVectorEnv` and each Ray node build one; an engine given as an
-    object stays the caller's (not closed here), one given as a spec is closed with the stack.
+    `HarnessSWEEnv`, the thread executor and each Ray node build one from an `EpisodeConfig`.
+    An engine given as an object stays the caller's (not closed here); one given as a spec is
+    closed with the stack, before the proxy stops (a remote engine's connections live on the
+    proxy's event loop).
     """
 
-    def __init__(
-        self,
-        engine: str | Engine,
-        harnesses: Sequence[HarnessSpec],
-        *,
-        sandbox: str | SandboxBackend | None,
-        reward: RewardConfig,
-        episode_timeout_s: float,
-        test_timeout_s: float,
-        context_overflow: str = "error",
-        progress: Callable[[str], None] | None = None,
-    ) -> None:
-        self.engine = load_engine(engine)
-        self._owns_engine = not isinstance(engine, Engine)
-        self.proxy = InterceptionProxy(self.engine).start()
-        self.backend = load_sandbox(sandbox or default_sandbox())
+    def __init__(self, config: EpisodeConfig) -> None:
+        self.config = config
+        self.engine = load_engine(config.engine)
+        self._owns_engine = not isinstance(config.engine, Engine)
         self.runners: dict[str, EpisodeRunner] = {}
-        for spec in harnesses:
-            if spec.name not in self.runners:
-                spec.install(progress=progress)
-                self.runners[spec.name] = EpisodeRunner(
-                    self.proxy, spec, self.backend, reward=reward,
-                    episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
-                    context_overflow=context_overflow,
-                )
+        self.proxy: InterceptionProxy | None = None
+        self.backend: SandboxBackend | None = None
+        try:
+            self.proxy = InterceptionProxy(self.engine).start()
+            self.backend = load_sandbox(config.sandbox or default_sandbox())
+            say = (lambda m: print(m, file=sys.stderr)) if config.progress else None
+            for spec in config.harness:
+                if spec.name not in self.runners:
+                    spec.install(progress=say)
+                    self.runners[spec.name] = EpisodeRunner(self.proxy, spec, self.backend, config)
+        except BaseException:
+            self.close()
+            raise
 
-    def run(
-        self,
-        harness: str,
-        task: Task,
-        *,
-        sampling: dict[str, Any] | None = None,
-        policy_version: int | None = None,
-    ) -> EpisodeResult:
-        add_tasks = getattr(self.engine, "add_tasks", None)
-        if add_tasks is not None:  # the oracle learns each answer as its episode starts
-            add_tasks([task])
-        return self.runners[harness].run(task, sampling=sampling, policy_version=policy_version)
+    def run(self, request: EpisodeRequest) -> EpisodeResult:
+        """Run one episode; a harness this stack has no runner for is an `infra_error`."""
+        runner = self.runners.get(request.harness)
+        if runner is None:
+            return EpisodeResult.never_ran(request, self.config.reward,
+                                           f"no runner for harness {request.harness!r} here")
+        self.engine.on_episode_start(request.task)
+        return runner.run(request.task, sampling=request.sampling,
+                          policy_version=request.policy_version)
 
     def close(self) -> None:
-        self.proxy.stop()
-        self.backend.close()
-        for runner in self.runners.values():
+        """Release everything the stack started. Idempotent."""
+        runners, self.runners = list(self.runners.values()), {}
+        for runner in runners:
             runner.close()
-        if self._owns_engine and hasattr(self.engine, "close"):
+        if self._owns_engine:
+            self._owns_engine = False
             self.engine.close()
+        proxy, self.proxy = self.proxy, None
+        if proxy is not None:
+            proxy.stop()
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
 
 
 def _patch_or_empty(sandbox: Any, task: Task) -> str:

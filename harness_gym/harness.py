@@ -18,8 +18,9 @@ One episode, as the environment drives it::
 
 Installs go to `$HARNESS_GYM_CACHE/harnesses/<name>-<version>/` (default
 `~/.cache/harness-gym`), never into the repo or a sandbox: 200-350 MB per CLI, shared by every
-episode. The executable's path is a host path; a backend whose commands do not see the host's
-filesystem must bind the cache dir in at the same path.
+episode. The executable's path is a host path: `sandbox_mounts()` says what of the host the CLI
+needs read-only (its install dir at the same path, and the runtime it was installed with), and the
+episode layer passes that to the sandbox in `SandboxSpec.ro_mounts`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ Progress = Callable[[str], None]
 
 ENTRY_POINT_GROUP = "harness_gym.harnesses"
 INSTALL_TIMEOUT_S = 900
+# Where the host's node goes in a sandbox with its own system (a container): on the default PATH,
+# ahead of the image's own node (bookworm's is 18; Pi 0.73 needs >= 20, and the cached npm
+# harnesses may hold native addons built for the host node's ABI).
+NODE_IN_SANDBOX = "/usr/local/bin/node"
 _INSTALLED_MARKER = ".harness-gym-installed.json"
 
 
@@ -85,6 +90,11 @@ class Package:
         # npm's .bin links are relative, so a staged node_modules can be renamed into place;
         # a venv's scripts carry absolute shebangs and must be built where they will live.
         return self.manager == "npm"
+
+    def runtime_mounts(self) -> dict[str, str]:
+        """Host path -> sandbox path of the runtime the package was installed with."""
+        node = shutil.which("node") if self.manager == "npm" else None
+        return {os.path.realpath(node): NODE_IN_SANDBOX} if node else {}
 
     def executable_in(self, prefix: Path) -> Path:
         sub = "node_modules/.bin" if self.manager == "npm" else "bin"
@@ -190,6 +200,12 @@ class HarnessSpec(abc.ABC):
     def install_dir(self, cache_dir: Path | str | None = None) -> Path:
         root = Path(cache_dir) if cache_dir is not None else harness_cache_dir()
         return root / f"{self.name}-{self.package.version}"
+
+    def sandbox_mounts(self, cache_dir: Path | str | None = None) -> dict[str, str]:
+        """What of the host the CLI needs in its sandbox, read-only: host path -> sandbox path
+        (its install at the same path, so the executable's host path works inside)."""
+        install = str(self.install_dir(cache_dir))
+        return {install: install, **self.package.runtime_mounts()}
 
     def is_installed(self, cache_dir: Path | str | None = None) -> bool:
         return (self.install_dir(cache_dir) / _INSTALLED_MARKER).is_file()

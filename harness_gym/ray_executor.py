@@ -1,12 +1,15 @@
 """`RayEpisodeExecutor`: a vector step's episodes as calls to Ray actors, one `NodeRunner` a node.
 
-    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
-    >>> envs = gym.make_vec("HarnessSWE-v0", num_envs=64, vectorization_mode="vector_entry_point",
-    ...                     harness="pi", engine="vllm:http://10.0.0.5:8000", group_size=8,
-    ...                     executor="ray", ray_address="auto")
-    >>> problems, infos = envs.reset(seed=0)
-    >>> problems, rewards, terminated, truncated, infos = envs.step(None)   # 64 episodes, N nodes
-    >>> envs.close()                                     # kills the actors; disconnects from Ray
+On a cluster (not run as a doctest: it needs Ray nodes and a vLLM server; the tests run the
+same on a local 2-CPU cluster)::
+
+    import gymnasium as gym, harness_gym
+    envs = gym.make_vec("HarnessSWE-v0", num_envs=64, vectorization_mode="vector_entry_point",
+                        harness="pi", engine="vllm:http://10.0.0.5:8000", group_size=8,
+                        executor="ray", ray_address="auto")
+    problems, infos = envs.reset(seed=0)
+    problems, rewards, terminated, truncated, infos = envs.step(None)   # 64 episodes, N nodes
+    envs.close()                                     # kills the actors; disconnects from Ray
 
 Why one actor per node and not one Ray task per episode: an episode is a CLI subprocess that
 talks HTTP to a proxy on loopback, and a proxy is worth starting once, not per episode. Each
@@ -23,8 +26,8 @@ a task directory) must exist at the same path on every node, as an installed pac
 filesystem does; JSONL rows run in container images and need nothing local.
 
 Dispatch goes to the actor with the fewest episodes in flight (ties: round-robin). An actor
-returns `dataclasses.asdict(EpisodeResult)`, plain data (str, int, float, lists, dicts), and the
-driver rebuilds the `EpisodeResult`, so `info()` has the same keys and types as with threads.
+returns the `EpisodeResult` itself (Ray pickles it, typed trace and all), so `info()` is built
+on the driver exactly as with threads.
 A lost actor or node becomes that episode's `infra_error` outcome, not an exception in `step()`.
 
 `close()` asks every actor to release what it started (proxy, sandboxes, repos, engine), kills
@@ -38,16 +41,12 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import asdict
 from typing import Any
 
-from .episode import EpisodeResult, EpisodeStack
-from .harness import HarnessSpec
-from .rewards import RewardConfig
-from .sandbox import SandboxBackend
-from .tasks.task import Task
+from .config import EpisodeConfig
+from .engines import Engine
+from .episode import EpisodeRequest, EpisodeResult, EpisodeStack
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +71,8 @@ class NodeRunner:
     actor.
     """
 
-    def __init__(
-        self,
-        engine: str,
-        harnesses: Sequence[HarnessSpec],
-        sandbox: str | SandboxBackend | None,
-        reward: RewardConfig,
-        episode_timeout_s: float,
-        test_timeout_s: float,
-        context_overflow: str = "error",
-    ) -> None:
-        self.stack = EpisodeStack(
-            engine, harnesses, sandbox=sandbox, reward=reward,
-            episode_timeout_s=episode_timeout_s, test_timeout_s=test_timeout_s,
-            context_overflow=context_overflow,
-        )
+    def __init__(self, config: EpisodeConfig) -> None:
+        self.stack = EpisodeStack(config)
 
     def describe(self) -> dict[str, Any]:
         """Where this runner lives: pid, hostname and proxy URL (also a readiness probe)."""
@@ -94,15 +80,8 @@ class NodeRunner:
                 "proxy_url": self.stack.proxy.url, "engine": self.stack.engine.model_name,
                 "harnesses": sorted(self.stack.runners)}
 
-    def run(
-        self,
-        harness: str,
-        task: Task,
-        sampling: dict[str, Any] | None = None,
-        policy_version: int | None = None,
-    ) -> dict[str, Any]:
-        result = self.stack.run(harness, task, sampling=sampling, policy_version=policy_version)
-        return asdict(result)
+    def run(self, request: EpisodeRequest) -> EpisodeResult:
+        return self.stack.run(request)
 
     def close(self) -> None:
         self.stack.close()
@@ -111,32 +90,26 @@ class NodeRunner:
 class RayEpisodeExecutor:
     """Runs episodes on one `NodeRunner` actor per alive node with CPUs; see the module docstring.
 
-    `submit()` answers a `concurrent.futures.Future` of an `EpisodeResult`, the same thing the
-    thread executor's pool answers, so `HarnessVectorEnv.step` treats both alike.
+    An `EpisodeExecutor` (`harness_gym.executors`): `submit()` answers a
+    `concurrent.futures.Future` of an `EpisodeResult`, as the thread executor does.
     """
 
     def __init__(
         self,
+        config: EpisodeConfig,
         *,
-        engine: str,
-        harnesses: Sequence[HarnessSpec],
-        sandbox: str | SandboxBackend | None,
-        reward: RewardConfig,
-        episode_timeout_s: float,
-        test_timeout_s: float,
         max_episodes_per_node: int,
-        context_overflow: str = "error",
         address: str | None = None,
         init_kwargs: dict[str, Any] | None = None,
         actor_options: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(engine, str):
+        if not isinstance(config.engine, str):
             raise TypeError(
                 "executor='ray' ships the engine to every node as a spec string (e.g. "
-                f"'vllm:http://host:8000'), got a {type(engine).__name__} object"
+                f"'vllm:http://host:8000'), got a {type(config.engine).__name__} object"
             )
         self._ray = ray = import_ray()
-        self._reward = reward
+        self._config = config
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             kwargs = dict(init_kwargs or {})
@@ -168,8 +141,7 @@ class RayEpisodeExecutor:
                     max_concurrency=max_episodes_per_node + 1,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                     **options,
-                ).remote(engine, list(harnesses), sandbox, reward, episode_timeout_s,
-                         test_timeout_s, context_overflow))
+                ).remote(config))
             self._in_flight = [0] * len(self._actors)
             # Wait for every node's stack, so a bad spec fails here and not mid-step.
             self.nodes = ray.get([a.describe.remote() for a in self._actors])
@@ -177,14 +149,7 @@ class RayEpisodeExecutor:
             self.close()
             raise
 
-    def submit(
-        self,
-        harness: str,
-        task: Task,
-        *,
-        sampling: dict[str, Any] | None = None,
-        policy_version: int | None = None,
-    ) -> Future[EpisodeResult]:
+    def submit(self, request: EpisodeRequest) -> Future[EpisodeResult]:
         with self._lock:
             if not self._actors:
                 raise RuntimeError("the Ray executor is closed")
@@ -192,28 +157,26 @@ class RayEpisodeExecutor:
             n = len(self._actors)
             k = min(range(n), key=lambda i: (self._in_flight[i], (i - cursor) % n))
             self._in_flight[k] += 1
-            ref = self._actors[k].run.remote(harness, task, sampling, policy_version)
+            ref = self._actors[k].run.remote(request)
         done: Future[EpisodeResult] = Future()
 
-        def finish(raw: Future[dict[str, Any]]) -> None:
+        def finish(raw: Future[EpisodeResult]) -> None:
             with self._lock:
                 self._in_flight[k] -= 1
             try:
-                done.set_result(EpisodeResult(**raw.result()))
+                done.set_result(raw.result())
             except Exception as exc:  # noqa: BLE001 - actor or node lost: an infra_error outcome
-                done.set_result(self._infra_error(harness, task, exc))
+                log.warning("episode of %s on %s lost in Ray: %s", request.harness,
+                            request.task.instance_id, exc)
+                done.set_result(EpisodeResult.never_ran(request, self._config.reward,
+                                                        f"{type(exc).__name__}: {exc}"))
 
         ref.future().add_done_callback(finish)
         return done
 
-    def _infra_error(self, harness: str, task: Task, exc: BaseException) -> EpisodeResult:
-        log.warning("episode of %s on %s lost in Ray: %s", harness, task.instance_id, exc)
-        reward, breakdown = self._reward("infra_error", 0)
-        return EpisodeResult(
-            task_id=task.instance_id, harness=harness, outcome="infra_error", reward=reward,
-            reward_breakdown=breakdown, n_llm_calls=0, n_tool_calls=0, tests={}, patch="",
-            trace=[], duration_s=0.0, error=f"{type(exc).__name__}: {exc}",
-        )
+    @property
+    def engine(self) -> Engine:
+        raise AttributeError("with executor='ray' each node's actor loads its own engine")
 
     def close(self) -> None:
         """Release every node's stack, kill the actors, and shut Ray down if we started it."""

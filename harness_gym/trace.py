@@ -6,16 +6,53 @@ the engine sampled (`loss_mask` 1, the engine's logprob). Storage is linear in t
 length: each call adds only its new tokens.
 
 Exported segments (`TraceSegment.to_dict`) hold plain Python lists, so they serialise to JSON
-and Parquet unchanged; wrap them in `numpy.asarray` where arrays are wanted.
+and Parquet unchanged; wrap them in `numpy.asarray` where arrays are wanted. `SEGMENT_SCHEMA`
+is the one definition of an exported segment's fields and types: every writer (the env's `info`,
+the proxy's trace route, `RecordTraces`' JSONL and Parquet) and reader (`harness-gym trace`, the
+TRL integration) goes by it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SegmentRole = Literal["agent", "auxiliary", "discarded"]
+# The value types an exported segment's fields take ("int?": an int or None; "list[int8]": a
+# list of 0/1 flags, stored narrow).
+SegmentFieldType = Literal["str", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]"]
+
+#: An exported segment's fields, in order, with their types.
+SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
+    "role": "str",  # agent | auxiliary | discarded
+    "prompt_ids": "list[int]",
+    "response_ids": "list[int]",  # sampled and inserted tokens after the prompt
+    "loss_mask": "list[int8]",  # 1: sampled by the engine, 0: inserted by the proxy
+    "response_logprobs": "list[float]",  # p_old per response token, 0.0 where the mask is 0
+    "policy_version": "int",  # the oldest version that sampled into the segment
+    "policy_versions": "list[int]",  # one per call, in order
+    "n_calls": "int",
+    "incomplete": "bool",  # the last call's generation was aborted
+    "parent": "int?",  # index of the segment whose tokens this one's prompt copies
+}
+
+_EMPTY: dict[SegmentFieldType, Any] = {
+    "str": "", "bool": False, "int": 0, "int?": None,
+    "list[int]": [], "list[int8]": [], "list[float]": [],
+}
+
+
+def normalize_segment(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported segment read back (from JSON, Parquet, an older file) with exactly the
+    schema's fields: missing ones get their empty value, unknown ones are dropped."""
+    out = {name: copy.copy(raw.get(name, _EMPTY[kind])) for name, kind in SEGMENT_SCHEMA.items()}
+    if "policy_versions" not in raw and "policy_version" in raw:  # files before the list
+        out["policy_versions"] = [raw["policy_version"]]
+    if "n_calls" not in raw:
+        out["n_calls"] = len(out["policy_versions"])
+    return out
 
 
 @dataclass
@@ -70,6 +107,7 @@ class TraceSegment:
         del self.policy_versions[n_calls:]
 
     def to_dict(self) -> dict[str, Any]:
+        """The exported segment: `SEGMENT_SCHEMA`'s fields, plain lists."""
         return {
             "role": self.role,
             "prompt_ids": self.prompt_ids,
@@ -125,3 +163,7 @@ class SessionTrace:
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.segments]
+
+    def snapshot(self) -> SessionTrace:
+        """An independent copy (a closed session's late bookkeeping cannot change it)."""
+        return copy.deepcopy(self)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .trace import normalize_segment
+
 # p_old buckets for colouring sampled tokens: (lower bound on p, css class, terminal style).
 LOGPROB_BUCKETS = (
     (0.5, "lp-high", "green"),
@@ -40,8 +42,15 @@ class Span:
 
 
 def load_episodes(path: str | Path) -> list[dict[str, Any]]:
-    """Episodes (dicts with a `trace` list of segments) from a runs JSONL or a Parquet file."""
-    path = Path(path)
+    """Episodes (dicts with a `trace` list of segments) from a runs JSONL or a Parquet file;
+    each segment has exactly `SEGMENT_SCHEMA`'s fields."""
+    episodes = _read_episodes(Path(path))
+    for episode in episodes:
+        episode["trace"] = [normalize_segment(s) for s in episode.get("trace") or []]
+    return episodes
+
+
+def _read_episodes(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 

@@ -1,13 +1,20 @@
 """`HarnessVectorEnv`: N harness episodes per `step()`, run concurrently, grouped for GRPO.
 
-    >>> import gymnasium as gym, harness_gym                        # doctest: +SKIP
+    >>> import gymnasium as gym, harness_gym
     >>> envs = gym.make_vec("HarnessSWE-v0", num_envs=4, vectorization_mode="vector_entry_point",
     ...                     harness="pi", engine="oracle", group_size=2, progress=False)
-    >>> problems, infos = envs.reset(seed=0)      # problems[0] == problems[1], [2] == [3]
-    >>> problems, rewards, terminated, truncated, infos = envs.step(
-    ...     {"policy_version": np.full(4, 7)})
-    >>> infos["outcome"], infos["policy_version_max"]
-    (array(['passed', 'passed', 'passed', 'passed'], dtype=object), array([7, 7, 7, 7]))
+    >>> envs.num_envs, envs.unwrapped.config.engine      # nothing heavy has started yet
+    (4, 'oracle')
+
+Then each step is four Pi episodes (~40 s on two cores; tests/test_vector_env.py runs it)::
+
+    problems, infos = envs.reset(seed=0)      # problems[0] == problems[1], [2] == [3]
+    problems, rewards, terminated, truncated, infos = envs.step(
+        {"policy_version": np.full(4, 7)})
+    infos["outcome"], infos["policy_version_max"]
+    # (array(['passed', 'passed', 'passed', 'passed'], dtype=object), array([7, 7, 7, 7]))
+    envs.close()
+
     >>> envs.close()
 
 Why threads and not `AsyncVectorEnv` processes: an episode is a CLI subprocess talking HTTP to
@@ -28,7 +35,12 @@ GRPO group); the seeded RNG draws one task per group. `harness` may be a list, o
 (cycled when shorter): each distinct harness gets its own `EpisodeRunner` on the shared proxy,
 and `infos["harness"]` says which ran.
 
-`executor="ray"` runs each step's episodes on a Ray cluster instead of local threads: one
+Settings: every keyword of `make` but `num_envs`, `tasks`, `group_size` and the executor's is an
+episode setting, validated into one `EpisodeConfig` (see `harness_gym.config`); `config=` passes
+a ready one (keywords given beside it override its fields).
+
+The step's episodes go to an `EpisodeExecutor` (`harness_gym.executors`): local threads, or with
+`executor="ray"` a Ray cluster: one
 `NodeRunner` actor per node, each with its own proxy in front of the engine, which must then be a
 spec string (`vllm:URL` on a real cluster). `ray_address` joins a running cluster; without it a
 local one starts, with `ray_init` as extra `ray.init` keywords. Infos are the same either way.
@@ -37,10 +49,9 @@ See `harness_gym.ray_executor`.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from typing import Any, ClassVar, Self
 
 import gymnasium as gym
@@ -48,13 +59,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from .config import EpisodeConfig
 from .engines import Engine
 from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
-from .episode import EpisodeResult, EpisodeStack
-from .harness import HarnessSpec, load_harness
-from .ray_executor import RayEpisodeExecutor
-from .rewards import RewardConfig
-from .sandbox import SandboxBackend
+from .episode import EpisodeRequest, EpisodeResult
+from .executors import EpisodeExecutor, ExecutorName, make_executor
+from .harness import HarnessSpec
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -70,35 +80,23 @@ class HarnessVectorEnv(VectorEnv):
     def __init__(
         self,
         num_envs: int = 1,
-        harness: str | HarnessSpec | Sequence[str | HarnessSpec] = "pi",
         tasks: TaskSpec | list[Task] = "builtin",
-        engine: str | Engine = "smollm2",
-        sandbox: str | SandboxBackend = "local",
-        reward: RewardConfig | dict[str, Any] | None = None,
-        episode_timeout_s: float = 900.0,
-        test_timeout_s: float = 300.0,
         group_size: int = 1,
-        sampling: dict[str, Any] | None = None,
-        context_overflow: str = "error",
-        progress: bool = True,
-        executor: str = "threads",
+        executor: ExecutorName = "threads",
         ray_address: str | None = None,
         ray_init: dict[str, Any] | None = None,
+        config: EpisodeConfig | None = None,
+        **settings: Any,
     ) -> None:
         if num_envs < 1 or group_size < 1 or num_envs % group_size:
             raise ValueError(f"num_envs={num_envs} must be a positive multiple of "
                              f"group_size={group_size}")
-        if episode_timeout_s <= 0 or test_timeout_s <= 0:
-            raise ValueError("episode_timeout_s and test_timeout_s must be positive")
         if executor not in ("threads", "ray"):
             raise ValueError(f"executor is 'threads' or 'ray', got {executor!r}")
-        harnesses = list(harness) if isinstance(harness, (list, tuple)) else [harness]
-        if not harnesses:
-            raise ValueError("harness must name at least one harness")
-        loaded = [load_harness(h) for h in harnesses]
+        self.config = EpisodeConfig.build(config, **settings)
+        loaded = self.config.harness
         self.harnesses: list[HarnessSpec] = [loaded[i % len(loaded)] for i in range(num_envs)]
         self.tasks = load_tasks(tasks)
-        self.reward_config = RewardConfig.coerce(reward)
         self.num_envs = num_envs
         self.group_size = group_size
         self.single_observation_space = AnyText(MAX_PROBLEM_CHARS)
@@ -106,62 +104,27 @@ class HarnessVectorEnv(VectorEnv):
         self.single_action_space = ACTION_SPACE
         self.action_space = batch_space(ACTION_SPACE, num_envs)
         self.policy_version: int | None = None  # used where an action gives none
-        self._engine_spec = engine
-        self._sandbox_spec = sandbox
-        self._sampling = dict(sampling or {})
-        if context_overflow not in ("error", "truncate"):
-            raise ValueError(f"context_overflow is 'error' or 'truncate', not {context_overflow!r}")
-        self._context_overflow = context_overflow
-        self._episode_timeout_s = episode_timeout_s
-        self._test_timeout_s = test_timeout_s
-        self._progress = progress
-        self._stack: EpisodeStack | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._current: list[Task] | None = None
-        self._executor = executor
-        self._ray_options = {"address": ray_address, "init_kwargs": ray_init}
-        self._ray: RayEpisodeExecutor | None = None
+        self._executor_name: ExecutorName = executor
+        self._ray_options = {"ray_address": ray_address, "ray_init": ray_init}
+        self._executor: EpisodeExecutor | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def _start(self) -> None:
-        if self._stack is not None or self._ray is not None:
-            return
-        if self._executor == "ray":
-            self._ray = RayEpisodeExecutor(
-                engine=self._engine_spec, harnesses=self.harnesses, sandbox=self._sandbox_spec,
-                reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
-                test_timeout_s=self._test_timeout_s, max_episodes_per_node=self.num_envs,
-                context_overflow=self._context_overflow,
-                **self._ray_options,
-            )
-            return
-        say = (lambda m: print(m, file=sys.stderr)) if self._progress else None
-        self._stack = EpisodeStack(
-            self._engine_spec, self.harnesses, sandbox=self._sandbox_spec,
-            reward=self.reward_config, episode_timeout_s=self._episode_timeout_s,
-            test_timeout_s=self._test_timeout_s, context_overflow=self._context_overflow,
-            progress=say,
-        )
-        self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="harness-episode")
+    def _start(self) -> EpisodeExecutor:
+        if self._executor is None:
+            self._executor = make_executor(self._executor_name, self.config,
+                                           max_workers=self.num_envs, **self._ray_options)
+        return self._executor
 
     @property
     def engine(self) -> Engine:
-        if self._executor == "ray":
-            raise AttributeError("with executor='ray' each node's actor loads its own engine")
-        self._start()
-        return self._stack.engine
+        return self._start().engine
 
     def close_extras(self, **kwargs: Any) -> None:
-        ray_executor, self._ray = self._ray, None
-        if ray_executor is not None:
-            ray_executor.close()
-        stack, self._stack = self._stack, None
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if stack is not None:
-            stack.close()
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.close()
 
     # --- gymnasium API --------------------------------------------------------------------
 
@@ -186,13 +149,13 @@ class HarnessVectorEnv(VectorEnv):
             raise gym.error.ResetNeeded("call reset() before step(): each step is one episode")
         per_env = self._split_actions(actions)
         tasks, self._current = self._current, None
+        executor = self._start()
         futures = {
-            self._submit(self.harnesses[i].name, tasks[i], sampling=sampling,
-                         policy_version=version): i
+            executor.submit(EpisodeRequest(self.harnesses[i].name, tasks[i], sampling, version)): i
             for i, (sampling, version) in enumerate(per_env)
         }
         results: list[EpisodeResult | None] = [None] * self.num_envs
-        with _StepProgress(self.num_envs, enabled=self._progress) as bar:
+        with _StepProgress(self.num_envs, enabled=self.config.progress) as bar:
             for future in as_completed(futures):
                 result = future.result()  # EpisodeRunner.run turns every failure into an outcome
                 results[futures[future]] = result
@@ -208,11 +171,6 @@ class HarnessVectorEnv(VectorEnv):
         return self._observations(), rewards, terminations, truncations, batch_infos(episodes)
 
     # --- helpers --------------------------------------------------------------------------
-
-    def _submit(self, harness: str, task: Task, **kwargs: Any) -> Future[EpisodeResult]:
-        if self._ray is not None:
-            return self._ray.submit(harness, task, **kwargs)
-        return self._pool.submit(self._stack.run, harness, task, **kwargs)
 
     def _draw_tasks(self, task_ids: Sequence[str] | None) -> list[Task]:
         n_groups = self.num_envs // self.group_size
@@ -256,7 +214,7 @@ class HarnessVectorEnv(VectorEnv):
                             f"a sequence of {self.num_envs} per-env dicts; got {actions!r:.200}")
         parsed = []
         for action in per_env:
-            sampling, version = parse_action(action, self._sampling)
+            sampling, version = parse_action(action, self.config.sampling)
             parsed.append((sampling, self.policy_version if version is None else version))
         return parsed
 

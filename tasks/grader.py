@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from harness_gym.sandbox.base import ExecResult, Sandbox, SandboxError
+from ..sandbox.base import ExecResult, Sandbox, SandboxError
 
 from .diffs import paths_touched_by
 from .loader import BASE_COMMIT_IDENTITY, BUILD_LITTER, GIT_EXCLUDES, GIT_ISOLATION

@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from ..plugins import did_you_mean, plugin_names
 from .git_hash import CommitIdentity, commit_hash
 from .task import Task, TaskError
 
@@ -96,9 +97,10 @@ def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
         if isinstance(spec, str) and (entry := _entry_point(spec)) is not None:
             loaded = entry.load()
             return _resolve(loaded() if callable(loaded) else loaded, install_config)
-        installed = sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
+        installed = plugin_names(ENTRY_POINT_GROUP)
+        hint = did_you_mean(str(spec), ["builtin", *installed])
         raise TaskError(
-            f"task suite {spec!r} is not 'builtin', not an existing directory or .jsonl file "
+            f"task suite {spec!r}{hint} is not 'builtin', not an existing directory or .jsonl file "
             "(or .json, .parquet), "
             f"and not an entry point in {ENTRY_POINT_GROUP!r} "
             f"(installed: {', '.join(installed) or 'none'})"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness_gym.sandbox.base import SandboxBackend, SandboxSpec
+from ..sandbox.base import SandboxBackend, SandboxSpec
 
 from .grader import P2P_OK, GradeResult, PatchApplyError, apply_patch, grade
 from .loader import materialize

@@ -1,4 +1,5 @@
-"""Property tests of the append-only prompt bridge (DESIGN.md invariants 1 and 2).
+"""Property tests of the append-only prompt bridge: token faithfulness and the append-only
+invariant (docs/design.md, section 2).
 
 The bridge is driven directly (no HTTP, no model) with the tiny tokenizer's renderer, so
 hundreds of random episodes run in seconds. An episode is a sequence of operations on a

@@ -27,7 +27,8 @@ from harness_gym.tasks.loader import (
 )
 
 from harness_gym.episode import EpisodeRunner
-from harness_gym.rewards import RewardConfig
+from harness_gym.config import EpisodeConfig
+from harness_gym.harness import load_harness
 from harness_gym.sandbox import SandboxError, SandboxSpec, load_sandbox
 from harness_gym.sandbox.docker import DockerSandboxBackend, docker_unavailable
 
@@ -137,15 +138,12 @@ def _row(**changes: object) -> object:
 
 
 def _runner(backend: object) -> EpisodeRunner:
-    harness = SimpleNamespace(name="pi")  # never launched: the sandbox is refused first
-    return EpisodeRunner(
-        None,
-        harness,
-        backend,
-        reward=RewardConfig(),  # type: ignore[arg-type]
-        episode_timeout_s=10,
-        test_timeout_s=10,
-    )
+    # Never launched, no model called: the sandbox is refused first.
+    harness = load_harness("pi")
+    proxy = SimpleNamespace(engine=SimpleNamespace(model_name="unused", tokenizer_source=None))
+    config = EpisodeConfig(harness=harness, engine="oracle", sandbox=backend,
+                           episode_timeout_s=10, test_timeout_s=10)
+    return EpisodeRunner(proxy, harness, backend, config)  # type: ignore[arg-type]
 
 
 def test_a_row_on_a_local_sandbox_is_an_infra_error_that_names_docker() -> None:

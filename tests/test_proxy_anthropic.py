@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from support.engines import RecordingEngine, tool_call_script
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import Engine, SamplingParams, TokenChunk, load_engine
+from harness_gym.engines import Engine, RequestContext, SamplingParams, TokenChunk, load_engine
 from harness_gym.engines.base import EngineError
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
@@ -353,7 +353,8 @@ class BrokenEngine(Engine):
     def tokenizer(self):
         return self.inner.tokenizer
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+               context: RequestContext = RequestContext()) -> AsyncIterator[TokenChunk]:
         return self._stream(prompt_ids, sampling)
 
     async def _stream(self, prompt_ids, sampling) -> AsyncIterator[TokenChunk]:

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.config import EpisodeConfig
+from harness_gym.engines import load_engine
+from harness_gym.engines.oracle import OracleEngine
 from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
-from harness_gym.rewards import RewardConfig
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
@@ -148,8 +150,8 @@ def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_u
     try:
         envs = make_vec(executor="ray")
         envs.reset(seed=0)
-        (name,) = envs.unwrapped._ray.actor_names
-        pid = envs.unwrapped._ray.nodes[0]["pid"]
+        (name,) = envs.unwrapped._executor.actor_names
+        pid = envs.unwrapped._executor.nodes[0]["pid"]
         assert ray.get_actor(name, namespace=ACTOR_NAMESPACE)
         envs.close()
         assert ray.is_initialized()
@@ -164,9 +166,11 @@ def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_u
 
 
 def test_the_ray_executor_refuses_an_engine_object_and_an_unknown_executor():
-    with pytest.raises(TypeError, match="spec string"):
-        RayEpisodeExecutor(engine=object(), harnesses=[], sandbox="local",
-                           reward=RewardConfig.coerce(None), episode_timeout_s=1,
-                           test_timeout_s=1, max_episodes_per_node=1)
+    engine = OracleEngine(load_engine("tiny"))
+    try:
+        with pytest.raises(TypeError, match="spec string"):
+            RayEpisodeExecutor(EpisodeConfig(engine=engine), max_episodes_per_node=1)
+    finally:
+        engine.close()
     with pytest.raises(ValueError, match="'threads' or 'ray'"):
         make_vec(executor="processes")

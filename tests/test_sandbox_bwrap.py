@@ -69,13 +69,23 @@ def test_the_work_dir_and_home_are_at_their_host_paths_and_writable(box: BwrapSa
     assert Path(box.home, ".config-file").read_text() == "cfg\n"
 
 
-def test_the_harness_cache_and_this_python_are_there_read_only(box: BwrapSandbox) -> None:
+def test_this_python_is_there_and_the_harness_cache_is_not(box: BwrapSandbox) -> None:
     result = box.exec("python -c 'import pytest, sys; print(sys.prefix)'")
     assert result.exit_code == 0, result.stderr
-    cache = harness_cache_dir().parent
-    if cache.is_dir():
-        assert box.exec(["test", "-d", str(cache)]).exit_code == 0
-        assert box.exec(["touch", str(cache / "probe")]).exit_code != 0
+    assert box.exec(["test", "-e", str(harness_cache_dir())]).exit_code != 0
+
+
+def test_the_specs_read_only_mounts_are_there_read_only(tmp_path: Path) -> None:
+    host = tmp_path / "install"
+    host.mkdir()
+    (host / "cli").write_text("#!/bin/sh\n")
+    system_target = "/usr/share/harness-gym-probe"  # inside a system dir: left out
+    spec = SandboxSpec(ro_mounts={str(host): "/opt-harness/install",
+                                  str(host / "cli"): system_target})
+    with BwrapSandboxBackend().create(spec) as box:
+        assert box.exec("cat /opt-harness/install/cli").stdout == "#!/bin/sh\n"
+        assert box.exec("touch /opt-harness/install/probe").exit_code != 0
+        assert box.exec(["test", "-e", system_target]).exit_code != 0
 
 
 def test_an_escapee_with_a_scrubbed_environment_dies_with_its_job(box: BwrapSandbox) -> None:

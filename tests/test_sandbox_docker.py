@@ -229,19 +229,19 @@ def test_a_pi_episode_with_the_oracle_passes_inside_docker() -> None:
     from harness_gym.episode import EpisodeRunner
     from harness_gym.harness import load_harness
     from harness_gym.proxy import InterceptionProxy
-    from harness_gym.rewards import RewardConfig
+    from harness_gym.config import EpisodeConfig
 
     pi = load_harness("pi")
     if not pi.is_installed():
         pytest.skip("Pi is not installed in the harness cache (harness-gym install pi)")
     task = load_tasks("builtin")[0]
     proxy = InterceptionProxy(load_engine("oracle")).start()
-    proxy.engine.add_tasks([task])
+    proxy.engine.on_episode_start(task)
     backend = _ProxiedDockerBackend()
     backend.proxy_url = proxy.url
-    runner = EpisodeRunner(
-        proxy, pi, backend, reward=RewardConfig(), episode_timeout_s=300, test_timeout_s=300
-    )
+    config = EpisodeConfig(harness=pi, engine=proxy.engine, sandbox=backend,
+                           episode_timeout_s=300, test_timeout_s=300)
+    runner = EpisodeRunner(proxy, pi, backend, config)
     try:
         result = runner.run(task)
         assert result.outcome == "passed", (result.error, result.harness_output, result.grade)
@@ -249,4 +249,5 @@ def test_a_pi_episode_with_the_oracle_passes_inside_docker() -> None:
     finally:
         runner.close()
         proxy.stop()
+        proxy.engine.close()
         backend.close()

@@ -61,7 +61,7 @@ def stepped(tiny, tmp_path_factory):
         started = time.perf_counter()
         result = envs.step({"policy_version": VERSIONS, "temperature": np.ones(4, np.float32)})
         wall = time.perf_counter() - started
-        (runner,) = vec._stack.runners.values()
+        (runner,) = vec._executor.stack.runners.values()
     finally:
         envs.close()
     return {"vec": vec, "runner": runner, "problems": problems, "reset_infos": reset_infos, "wall": wall,
@@ -82,7 +82,7 @@ def test_close_stops_the_proxy_and_removes_the_materialized_repos(stepped):
     assert not runner._repos.exists()
     with pytest.raises(httpx.TransportError):
         httpx.get(runner.proxy.url + "/health", timeout=2)
-    assert stepped["vec"]._pool is None
+    assert stepped["vec"]._executor is None
 
 
 def test_each_group_shares_its_task_and_its_rewards(stepped):

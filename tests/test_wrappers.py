@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 import pyarrow.parquet as pq
+from harness_gym.trace_view import load_episodes
 import pytest
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
@@ -24,13 +25,20 @@ from harness_gym.wrappers import (
 )
 
 from harness_gym.env import ACTION_SPACE, AnyText
+from harness_gym.trace import SEGMENT_SCHEMA, TraceSegment
 from harness_gym.vector_env import batch_infos
 
 
 def segment(version: int, n: int = 3) -> dict:
-    return {"role": "agent", "prompt_ids": [1, 2], "response_ids": list(range(n)),
-            "loss_mask": [1] * n, "response_logprobs": [-0.5] * n,
-            "policy_version": version, "policy_versions": [version]}
+    return TraceSegment("agent", [1, 2, *range(n)], 2, loss_mask=[1] * n,
+                        response_logprobs=[-0.5] * n, policy_versions=[version]).to_dict()
+
+
+def unusual_segment() -> dict:
+    """Every field away from its default: a forked, aborted auxiliary segment of two calls."""
+    return TraceSegment("auxiliary", [5, 6, 7, 8, 9], 2, loss_mask=[1, 0, 1],
+                        response_logprobs=[-0.25, 0.0, -1.5], policy_versions=[4, 3],
+                        incomplete=True, parent=0).to_dict()
 
 
 def episode(task: str, outcome: str = "passed", version: int | None = 0) -> dict:
@@ -39,7 +47,7 @@ def episode(task: str, outcome: str = "passed", version: int | None = 0) -> dict
             "n_llm_calls": 2, "n_tool_calls": 1, "tests": {f"{task}::t": "PASSED"},
             "patch": "", "trace": [] if version is None else [segment(version)],
             "policy_version_min": version, "policy_version_max": version,
-            "duration_s": 1.0, "error": None}
+            "duration_s": 1.0, "error": None, "model": "tiny", "tokenizer": "tiny"}
 
 
 class ReplayedEpisodes(VectorEnv):
@@ -145,3 +153,20 @@ def test_record_traces_round_trips_every_episode(tmp_path, fmt):
     assert rows[1]["policy_version_min"] == 1 and rows[5]["policy_version_min"] is None
     assert json.loads(rows[0]["tests"]) == {"t0::t": "PASSED"}
     assert json.loads(rows[4]["reward_breakdown"]) == {"outcome": "failed", "drop": False}
+    assert rows[0]["model"] == "tiny" and rows[0]["tokenizer"] == "tiny"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_record_traces_keeps_every_segment_field(tmp_path, fmt):
+    written = [segment(0), unusual_segment()]
+    assert list(written[1]) == list(SEGMENT_SCHEMA)
+    first = [{**episode(f"t{i}"), "trace": written} for i in range(4)]
+    env = RecordTraces(ReplayedEpisodes([([1.0] * 4, first)]), tmp_path / "runs", format=fmt)
+    env.step(None)
+    env.close()
+    if fmt == "parquet":
+        rows = pq.read_table(env.file).to_pylist()
+    else:
+        rows = [json.loads(line) for line in env.file.read_text().splitlines()]
+    assert rows[0]["trace"] == written
+    assert load_episodes(env.file)[0]["trace"] == written

@@ -18,10 +18,11 @@ class DropInfraErrors(VectorWrapper):
     With `omit=True` their traces are also replaced by `[]`, so a trainer that only reads traces
     cannot train on them by mistake.
 
-        >>> envs = DropInfraErrors(vec_env)                              # doctest: +SKIP
-        >>> _, _, _, _, infos = envs.step(None)
-        >>> infos["drop"][infos["outcome"] == "infra_error"].all()
-        True
+    On a vector env (run in tests/test_wrappers.py)::
+
+        envs = DropInfraErrors(vec_env)
+        _, _, _, _, infos = envs.step(None)
+        infos["drop"][infos["outcome"] == "infra_error"].all()  # True
     """
 
     def __init__(self, env: VectorEnv, omit: bool = False) -> None:

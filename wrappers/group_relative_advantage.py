@@ -19,13 +19,20 @@ class GroupRelativeAdvantage(VectorWrapper):
     statistics and get advantage 0. `infos["group_all_equal"]` flags every member of a group whose
     kept rewards are all equal: its advantages are all 0, so it carries no learning signal.
 
-        >>> envs = GroupRelativeAdvantage(gym.make_vec(                  # doctest: +SKIP
-        ...     "HarnessSWE-v0", num_envs=4, group_size=2, engine="oracle",
-        ...     vectorization_mode="vector_entry_point", progress=False))
-        >>> _ = envs.reset(seed=0)
-        >>> _, rewards, _, _, infos = envs.step(None)
-        >>> infos["advantage"], infos["group_all_equal"]
-        (array([0., 0., 0., 0.]), array([ True,  True,  True,  True]))
+    On a vector env (Pi episodes: run in tests/test_wrappers.py, not here)::
+
+        envs = GroupRelativeAdvantage(gym.make_vec(
+            "HarnessSWE-v0", num_envs=4, group_size=2, engine="oracle",
+            vectorization_mode="vector_entry_point", progress=False))
+        _ = envs.reset(seed=0)
+        _, rewards, _, _, infos = envs.step(None)
+        infos["advantage"], infos["group_all_equal"]  # all 0, all True: the oracle always passes
+
+    The computation itself, `group_advantages`:
+
+        >>> advantages, all_equal = group_advantages(np.array([1.0, 0.0, 0.5, 0.5]), 2)
+        >>> advantages.round(3), all_equal
+        (array([ 1., -1.,  0.,  0.]), array([False, False,  True,  True]))
     """
 
     def __init__(self, env: VectorEnv, group_size: int | None = None, eps: float = 1e-6) -> None:

@@ -14,15 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-SEGMENT = pa.struct([
-    ("role", pa.string()),
-    ("prompt_ids", pa.list_(pa.int64())),
-    ("response_ids", pa.list_(pa.int64())),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("response_logprobs", pa.list_(pa.float64())),
-    ("policy_version", pa.int64()),
-    ("policy_versions", pa.list_(pa.int64())),
-])
+from ..trace import SEGMENT_SCHEMA, normalize_segment
+
+_ARROW_TYPES = {
+    "str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "int?": pa.int64(),
+    "list[int]": pa.list_(pa.int64()), "list[int8]": pa.list_(pa.int8()),
+    "list[float]": pa.list_(pa.float64()),
+}
+#: A trace segment as Parquet stores it: `harness_gym.trace.SEGMENT_SCHEMA`, field for field.
+SEGMENT = pa.struct([(name, _ARROW_TYPES[kind]) for name, kind in SEGMENT_SCHEMA.items()])
 
 # One row per episode. Columns never change with the wrappers present: flags a wrapper did not
 # set are null, so files from different runs concatenate.
@@ -46,6 +46,8 @@ SCHEMA = pa.schema([
     ("advantage", pa.float64()),
     ("stale", pa.bool_()),
     ("drop", pa.bool_()),
+    ("model", pa.string()),
+    ("tokenizer", pa.string()),
     ("trace", pa.list_(SEGMENT)),
 ])
 
@@ -59,10 +61,12 @@ class RecordTraces(VectorWrapper):
     with the fixed `SCHEMA`, and the file is complete once the wrapper closes. Wrap it outside
     `GroupRelativeAdvantage` / `StalenessFilter` to record their columns too.
 
-        >>> envs = RecordTraces(vec_env, "runs/", format="parquet")      # doctest: +SKIP
-        >>> _ = envs.reset(seed=0); _ = envs.step(None); envs.close()
-        >>> pq.read_table(envs.file).column("task_id").to_pylist()
-        ['harness-gym__tabular-9', 'harness-gym__tabular-9', ...]
+    On a vector env (run in tests/test_wrappers.py)::
+
+        envs = RecordTraces(vec_env, "runs/", format="parquet")
+        _ = envs.reset(seed=0); _ = envs.step(None); envs.close()
+        pq.read_table(envs.file).column("task_id").to_pylist()
+        # ['harness-gym__tabular-9', 'harness-gym__tabular-9', ...]
     """
 
     def __init__(
@@ -118,8 +122,7 @@ class RecordTraces(VectorWrapper):
             "tests": json.dumps(get("tests")),
             "reward_breakdown": json.dumps({k: get(k, breakdown) for k in breakdown
                                             if not k.startswith("_")}),
-            "trace": [{name: segment.get(name) for name in SEGMENT.names}
-                      for segment in get("trace") or []],
+            "trace": [normalize_segment(segment) for segment in get("trace") or []],
         }
         for name in SCHEMA.names:
             if name not in row:

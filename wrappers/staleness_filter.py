@@ -21,11 +21,11 @@ class StalenessFilter(VectorWrapper):
     `GroupRelativeAdvantage` (wrapped outside this one) leaves it out of its group's baseline.
     `mode="mask"` keeps it in the baseline. `current_version` may be a callable, read each step.
 
-        >>> envs = StalenessFilter(vec_env, current_version=lambda: trainer.version,  # doctest: +SKIP
-        ...                        max_lag=1)
-        >>> _, _, _, _, infos = envs.step({"policy_version": np.array([5, 4, 3, 3])})
-        >>> infos["stale"]                          # trainer.version == 5
-        array([False, False,  True,  True])
+    On a vector env (run in tests/test_wrappers.py)::
+
+        envs = StalenessFilter(vec_env, current_version=lambda: trainer.version, max_lag=1)
+        _, _, _, _, infos = envs.step({"policy_version": np.array([5, 4, 3, 3])})
+        infos["stale"]          # trainer.version == 5: array([False, False,  True,  True])
     """
 
     def __init__(

@@ -20,6 +20,7 @@ from .base import (
     Engine,
     EngineError,
     FinishReason,
+    RequestContext,
     SamplingParams,
     TokenChunk,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "FinishReason",
+    "RequestContext",
     "SamplingParams",
     "TokenChunk",
     "TransformersEngine",
@@ -76,8 +78,9 @@ def load_engine(spec: str | Engine) -> Engine:
     """Build the engine a spec names: `"tiny"`, `"smollm2"`, `"hf:/models/x"`, `"vllm:URL"`...
 
     >>> engine = load_engine("tiny")
-    >>> engine.model_name
-    'tiny'
+    >>> engine.model_name, engine.tokenizer_source
+    ('tiny', 'tiny')
+    >>> engine.close()
     """
     if isinstance(spec, Engine):
         return spec

@@ -4,21 +4,21 @@ An engine owns its tokenizer and chat template; the proxy never samples or score
 Every engine, local (transformers) or remote (vLLM over HTTP), implements `Engine.stream`:
 an async iterator of `TokenChunk`s, the last of which carries the `finish_reason`.
 Cancelling the iterator (closing it, or cancelling the task that drives it) aborts generation.
+
+Everything a caller passes per request travels in the arguments (`RequestContext`: which
+conversation, which policy version), never in ambient state, and every member a caller relies on
+is declared here with its default.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
-
-# Which conversation a request belongs to (the proxy sets the session id before `stream()`), so
-# an engine with several servers can keep a session on one server and its prefix cache warm.
-routing_key: ContextVar[str | None] = ContextVar("harness_gym_routing_key", default=None)
 
 
 class EngineError(RuntimeError):
@@ -63,6 +63,23 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
 
+@dataclass(frozen=True)
+class RequestContext:
+    """Who a request is for, passed explicitly to `Engine.stream`.
+
+    `routing_key` names the conversation (the proxy passes the session id), so an engine with
+    several servers keeps a session on one server and its prefix cache warm. `policy_version`
+    labels the completion (the session's version; None: the engine's current
+    `Engine.policy_version`).
+    """
+
+    routing_key: str | None = None
+    policy_version: int | None = None
+
+
+NO_CONTEXT = RequestContext()
+
+
 @dataclass
 class TokenChunk:
     """Tokens sampled since the previous chunk. The last chunk of a stream has `finish_reason`."""
@@ -96,12 +113,19 @@ class Engine(abc.ABC):
     an assistant turn; sampling one ends the stream with `finish_reason="stop"`, and the token is
     part of the completion). `policy_version` is set by the trainer after each weight update;
     every completion is tagged with the version it was sampled under.
+
+    `tool_call_format` names the parser for tool calls in the model's text (see
+    `proxy.tool_parsers`). `tokenizer_source` is what `harness-gym trace` reloads the tokenizer
+    from (`"tiny"`, `"smollm2"` or a local directory; None when there is none to name), recorded
+    in every episode's `info["tokenizer"]`.
     """
 
     model_name: str = "policy"
     max_context: int = 4096
     policy_version: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    tool_call_format: str = "hermes"
+    tokenizer_source: str | None = None
 
     @property
     @abc.abstractmethod
@@ -110,24 +134,45 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def stream(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
     ) -> AsyncIterator[TokenChunk]:
         """Sample a completion token by token. Raises `ContextLengthExceeded` before sampling
         when the prompt does not fit, `EngineError` when the engine cannot serve."""
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
-        completion = Completion(policy_version=self.policy_version)
-        async for chunk in self.stream(prompt_ids, sampling):
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
+    ) -> Completion:
+        completion = Completion(policy_version=self.version_for(context))
+        async for chunk in self.stream(prompt_ids, sampling, context):
             completion.add(chunk)
         return completion
+
+    def version_for(self, context: RequestContext) -> int:
+        """The policy version a request's completion is labelled with."""
+        return self.policy_version if context.policy_version is None else context.policy_version
+
+    def on_episode_start(self, task: Any) -> None:
+        """Called as an episode on `task` starts (before its sandbox exists). A scripted policy
+        learns the task's answer here; a sampling engine ignores it."""
 
     def check_fits(self, prompt_len: int) -> None:
         # A prompt that leaves no room for a single new token can never be answered.
         if prompt_len >= self.max_context:
             raise ContextLengthExceeded(prompt_len, self.max_context)
 
+    def close(self) -> None:
+        """Release what the engine holds (threads, HTTP clients, scoring models). Idempotent.
+        The one shutdown path: `aclose` runs it off the event loop."""
+
     async def aclose(self) -> None:
-        """Release what the engine holds (threads, HTTP clients). Idempotent."""
+        # Closing may block (a worker thread finishing its step): never on the event loop.
+        await asyncio.to_thread(self.close)
 
     def __deepcopy__(self, memo: dict) -> Engine:
         # An engine is a shared service (weights, worker threads), not a value: gymnasium

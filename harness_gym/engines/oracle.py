@@ -7,7 +7,8 @@ then answers that it is done. `oracle:noop` answers "done" at once without touch
 Tokens come from the tiny tokenizer and logprobs are the tiny model's real scores of them
 (see `ScriptedEngine`), so their traces are as real as a sampled policy's.
 
-The env registers its tasks with `add_tasks`; nothing else needs to know the answers.
+Each episode registers its task through `Engine.on_episode_start` (or `add_tasks` for several
+at once); nothing else needs to know the answers.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class OracleEngine(ScriptedEngine):
         """Register tasks (anything with `problem_statement` and `patch`)."""
         for task in tasks:
             self._patches[_task_key(task.problem_statement)] = task.patch
+
+    def on_episode_start(self, task: Any) -> None:
+        self.add_tasks([task])
 
     def _answer(self, prompt: str) -> str:
         if self.noop:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .base import Engine, SamplingParams, TokenChunk
+from .base import NO_CONTEXT, Engine, RequestContext, SamplingParams, TokenChunk
 from .transformers_engine import TransformersEngine
 
 Script = Callable[[str], str]
@@ -25,6 +25,7 @@ class ScriptedEngine(Engine):
         self.model_name = model_name
         self.max_context = scorer.max_context
         self.stop_token_ids = scorer.stop_token_ids
+        self.tokenizer_source = scorer.tokenizer_source
         if not self.stop_token_ids:
             raise ValueError("the scoring engine has no stop token to end a scripted turn with")
 
@@ -32,7 +33,12 @@ class ScriptedEngine(Engine):
     def tokenizer(self) -> Any:
         return self.scorer.tokenizer
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
+    ) -> AsyncIterator[TokenChunk]:
         self.check_fits(len(prompt_ids))
         return self._stream(list(prompt_ids), sampling)
 
@@ -46,5 +52,5 @@ class ScriptedEngine(Engine):
         for i, (token, logprob) in enumerate(zip(ids, logprobs)):
             yield TokenChunk([token], [logprob], finish if i == len(ids) - 1 else None)
 
-    async def aclose(self) -> None:
-        await self.scorer.aclose()
+    def close(self) -> None:
+        self.scorer.close()

@@ -34,7 +34,8 @@ def load_smollm2_engine(arg: str = "") -> TransformersEngine:
     if arg:
         raise ValueError(f"the smollm2 engine takes no argument, got 'smollm2:{arg}'")
     return TransformersEngine.from_pretrained(
-        smollm2_model_dir(), model_name="smollm2", chat_template=SMOLLM2_TOOL_TEMPLATE
+        smollm2_model_dir(), model_name="smollm2", tokenizer_source="smollm2",
+        chat_template=SMOLLM2_TOOL_TEMPLATE
     )
 
 

@@ -49,7 +49,8 @@ def load_tiny_engine(arg: str = "") -> TransformersEngine:
     if arg:
         raise ValueError(f"the tiny engine takes no argument, got 'tiny:{arg}'")
     return TransformersEngine.from_pretrained(
-        tiny_model_dir(), model_name="tiny", chat_template=QWEN_TOOL_TEMPLATE
+        tiny_model_dir(), model_name="tiny", tokenizer_source="tiny",
+        chat_template=QWEN_TOOL_TEMPLATE
     )
 
 

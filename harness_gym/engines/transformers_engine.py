@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from ._decode_worker import DecodeRequest, DecodeWorker
-from .base import ContextLengthExceeded, Engine, EngineError, SamplingParams, TokenChunk
+from .base import (
+    NO_CONTEXT,
+    ContextLengthExceeded,
+    Engine,
+    EngineError,
+    RequestContext,
+    SamplingParams,
+    TokenChunk,
+)
 
 
 class TransformersEngine(Engine):
@@ -50,10 +58,12 @@ class TransformersEngine(Engine):
         max_context: int | None = None,
         stop_token_ids: Iterable[int] = (),
         num_threads: int | None = None,
+        tokenizer_source: str | None = None,
     ) -> None:
         self.model = model.eval()
         self._tokenizer = tokenizer
         self.model_name = model_name
+        self.tokenizer_source = tokenizer_source or _local_dir(tokenizer)
         self.max_context = int(max_context or _config_max_context(model.config))
         self.stop_token_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
         self._worker = DecodeWorker(
@@ -70,6 +80,7 @@ class TransformersEngine(Engine):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
+        tokenizer_source: str | None = None,
     ) -> TransformersEngine:
         """Load a local model directory (never the network). Stop tokens: the generation
         config's and tokenizer's EOS, plus `<|im_end|>` when the vocabulary has it."""
@@ -89,6 +100,7 @@ class TransformersEngine(Engine):
             model_name=model_name or directory.name,
             stop_token_ids=default_stop_token_ids(model, tokenizer),
             num_threads=num_threads,
+            tokenizer_source=tokenizer_source or str(directory),
         )
 
     @property
@@ -106,10 +118,13 @@ class TransformersEngine(Engine):
         return self._worker.tokens_generated
 
     def stream(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
     ) -> AsyncIterator[TokenChunk]:
-        # Checked here, not at the first iteration, so a caller can answer with an error before
-        # it starts a streamed response.
+        # One local model: the context routes nothing. Checked here, not at the first
+        # iteration, so a caller can answer with an error before it starts a streamed response.
         prompt = list(prompt_ids)  # a private copy: the caller may reuse its list
         if not prompt:
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
@@ -164,16 +179,18 @@ class TransformersEngine(Engine):
         """Stop the worker thread (blocking). Open streams end with finish_reason "abort"."""
         self._worker.close(timeout)
 
-    async def aclose(self) -> None:
-        # The worker finishes the step it is in (a long prefill can take seconds): wait off-loop.
-        await asyncio.to_thread(self._worker.close)
-
 
 def load_hf_engine(path: str) -> TransformersEngine:
     """Entry point for the `hf:PATH` spec: any local transformers causal-LM directory."""
     if not path:
         raise ValueError("the hf engine needs a model directory: use 'hf:/path/to/model'")
     return TransformersEngine.from_pretrained(path)
+
+
+def _local_dir(tokenizer: Any) -> str | None:
+    """The directory a tokenizer was loaded from, when it is one (a reloadable source)."""
+    name = getattr(tokenizer, "name_or_path", None)
+    return str(name) if name and Path(name).is_dir() else None
 
 
 def _generator(seed: int | None) -> torch.Generator:

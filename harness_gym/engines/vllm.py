@@ -29,7 +29,7 @@ the constructor fails with an error that says to pass `tokenizer=`. There is no 
 a wrong tokenizer would make every trace garbage without any error.
 
 Several servers: a request is routed by consistent hashing of a routing key (the proxy's session
-id, read from the `routing_key` context variable when `stream()` is called), so all calls of
+id, passed in `stream()`'s `RequestContext.routing_key`), so all calls of
 an episode land on one server and reuse its prefix cache; adding a server moves only ~1/N of the
 sessions. Without a key, requests go round-robin.
 
@@ -55,8 +55,8 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -64,23 +64,22 @@ from urllib.parse import parse_qs
 import httpx
 
 from .base import (
-    routing_key,
+    NO_CONTEXT,
     ContextLengthExceeded,
     Engine,
     EngineError,
     FinishReason,
+    RequestContext,
     SamplingParams,
     TokenChunk,
 )
-
-#: The key that pins a request to a server (the proxy sets the session id). Read when
-#: `VLLMEngine.stream` is called, so set it in the task that calls `stream`.
 
 POLICY_VERSION_HEADER = "x-policy-version"
 _RETRIABLE_STATUS = frozenset({502, 503, 504})
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # vLLM's context-length message: "This model's maximum context length is 4096 tokens. However,
 # you requested 5000 tokens (4000 in the messages, 1000 in the completion)..."
+CLOSE_TIMEOUT_S = 10.0
 _CONTEXT_RE = re.compile(r"maximum context length is (\d+) tokens.*?requested (\d+) tokens", re.DOTALL)
 
 
@@ -122,8 +121,8 @@ class VLLMEngine(Engine):
     """Samples from vLLM servers over HTTP, token ids in and out.
 
     >>> engine = VLLMEngine(["http://127.0.0.1:8000"], tokenizer="/models/qwen")  # doctest: +SKIP
-    >>> with routed_by("session-1"):                                         # doctest: +SKIP
-    ...     completion = await engine.generate(prompt_ids, SamplingParams(max_tokens=64))
+    >>> completion = await engine.generate(                                  # doctest: +SKIP
+    ...     prompt_ids, SamplingParams(max_tokens=64), RequestContext(routing_key="session-1"))
 
     `tokenizer` is a tokenizer object or a local directory (or `tiny` / `smollm2`); `model_name`
     and `max_context` default to what `GET /v1/models` reports (the constructor then asks the
@@ -164,6 +163,8 @@ class VLLMEngine(Engine):
         self.model_name = model_name
         self.max_context = int(max_context)
         self._tokenizer = _load_tokenizer(tokenizer)
+        if isinstance(tokenizer, (str, Path)):
+            self.tokenizer_source = str(tokenizer)
         self.stop_token_ids = tuple(
             int(t) for t in (stop_token_ids if stop_token_ids is not None
                              else _default_stop_token_ids(self._tokenizer))
@@ -178,13 +179,17 @@ class VLLMEngine(Engine):
         return self.urls[self._order(key)[0]]
 
     def stream(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
     ) -> VLLMStream:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt))
-        return VLLMStream(self, self.request_body(prompt, sampling), self._order(routing_key.get()))
+        order = self._order(context.routing_key)
+        return VLLMStream(self, self.request_body(prompt, sampling), order)
 
     def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """The `/v1/completions` JSON for a token prompt (field names of vLLM's
@@ -241,13 +246,28 @@ class VLLMEngine(Engine):
             "to build the engine without one): " + "; ".join(errors)
         )
 
-    async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            try:
-                await client.aclose()
-            except RuntimeError:  # opened on another, already closed loop
-                pass
+    def close(self) -> None:
+        """Close the HTTP clients, each on the event loop that opened it (an `AsyncClient`'s
+        connections belong to their loop). A client whose loop has already ended is dropped:
+        its connections went with the loop. From inside a loop, `await aclose()` instead."""
+        clients, self._clients = dict(self._clients), {}
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, client in clients.items():
+            if loop.is_closed():
+                continue
+            if loop is current:  # waiting here would block the loop that must do the closing
+                loop.create_task(client.aclose())
+            elif loop.is_running():
+                done = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                try:
+                    done.result(CLOSE_TIMEOUT_S)
+                except (FutureTimeout, RuntimeError):  # the loop stopped meanwhile
+                    done.cancel()
+            else:
+                loop.run_until_complete(client.aclose())
 
 
 class VLLMStream:
@@ -427,16 +447,6 @@ def _default_stop_token_ids(tokenizer: Any) -> list[int]:
     return stops
 
 
-@contextmanager
-def routed_by(key: str | None) -> Iterator[None]:
-    """`with routed_by(session_id): ...` pins the streams started inside to one server."""
-    token = routing_key.set(key)
-    try:
-        yield
-    finally:
-        routing_key.reset(token)
-
-
 def load_vllm_engine(arg: str) -> VLLMEngine:
     """Entry point for `vllm:URL[,URL...][?tokenizer=PATH&model=NAME&max_context=N]`."""
     if not arg:
@@ -461,6 +471,4 @@ __all__ = [
     "VLLMEngine",
     "VLLMStream",
     "load_vllm_engine",
-    "routed_by",
-    "routing_key",
 ]

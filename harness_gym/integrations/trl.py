@@ -1,12 +1,17 @@
 """TRL's `GRPOTrainer` on harness episodes: a `rollout_func` that runs real coding-agent CLIs.
 
-    >>> from trl import GRPOConfig, GRPOTrainer                                 # doctest: +SKIP
     >>> from harness_gym.integrations.trl import harness_reward, make_rollout_func, task_dataset
-    >>> rollout = make_rollout_func(harness="pi", tasks="builtin")
-    >>> trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=GRPOConfig(...),
-    ...                       train_dataset=task_dataset("builtin"), reward_funcs=harness_reward,
-    ...                       rollout_func=rollout)
-    >>> trainer.train(); rollout.close()
+    >>> rollout = make_rollout_func(harness="pi", tasks="builtin", context_overflow="truncate")
+    >>> rollout.config.context_overflow, len(task_dataset("builtin")) == len(rollout.tasks)
+    ('truncate', True)
+
+Then, with a model and its tokenizer (tests/test_trl_integration.py trains the tiny model)::
+
+    from trl import GRPOConfig, GRPOTrainer
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=GRPOConfig(...),
+                          train_dataset=task_dataset("builtin"), reward_funcs=harness_reward,
+                          rollout_func=rollout)
+    trainer.train(); rollout.close()
 
 The contract (TRL 1.16, `GRPOTrainer._generate`): TRL calls `rollout_func(prompts, trainer)` with
 the prompts of one generation batch, each prompt already repeated `num_generations` times in a
@@ -61,11 +66,12 @@ from typing import Any, Self
 
 import numpy as np
 
+from ..config import EpisodeConfig
 from ..engines import Engine
 from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
-from ..rewards import RewardConfig
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
+from ..trace import TraceSegment
 
 log = logging.getLogger(__name__)
 
@@ -73,28 +79,33 @@ __all__ = ["HarnessRolloutFunc", "harness_reward", "make_rollout_func", "task_da
 
 
 def make_rollout_func(
-    harness: str | Sequence[str] = "pi",
+    harness: str | Sequence[str] | None = None,
     engine: str | Engine | None = None,
     tasks: TaskSpec | list[Task] = "builtin",
     group_size: int | None = None,
     *,
-    sandbox: str = "local",
-    reward: RewardConfig | dict[str, Any] | None = None,
     max_tokens: int | None = None,
-    episode_timeout_s: float = 900.0,
-    test_timeout_s: float = 300.0,
-    progress: bool = False,
+    config: EpisodeConfig | None = None,
+    **settings: Any,
 ) -> HarnessRolloutFunc:
     """A `rollout_func` for `GRPOTrainer` that runs one harness episode per prompt row.
 
     `group_size` defaults to the trainer's `num_generations` (rows come in runs of that many
     identical prompts; each run is one GRPO group on the vector env). `max_tokens` caps every
-    model call of an episode (default: `trainer.args.max_completion_length`).
+    model call of an episode (default: `trainer.args.max_completion_length`). Every other
+    keyword is an episode setting of `EpisodeConfig` (`sandbox`, `reward`, `episode_timeout_s`,
+    `test_timeout_s`, `context_overflow`, `progress`, ...), or pass `config=`; sampling comes
+    from the trainer's arguments. `harness` defaults to the config's (Pi).
     """
+    given = {"progress": False} if config is None else {}
+    given.update(settings)
+    if harness is not None:
+        given["harness"] = harness
+    if engine is not None:
+        given["engine"] = engine
     return HarnessRolloutFunc(
-        harness=harness, engine=engine, tasks=tasks, group_size=group_size, sandbox=sandbox,
-        reward=reward, max_tokens=max_tokens, episode_timeout_s=episode_timeout_s,
-        test_timeout_s=test_timeout_s, progress=progress,
+        EpisodeConfig.build(config, **given), tasks=tasks,
+        group_size=group_size, max_tokens=max_tokens, use_trainer_model=engine is None,
     )
 
 
@@ -103,33 +114,26 @@ class HarnessRolloutFunc:
 
     Holds one `HarnessVectorEnv` per batch shape (train and eval batches may differ), created on
     first use; `close()` releases them (and the in-process engine), and it is also called when
-    training ends. A closed instance starts again on its next call.
+    training ends. A closed instance starts again on its next call. With `use_trainer_model`,
+    the config's engine is replaced by one around the trainer's own model.
     """
 
     def __init__(
         self,
+        config: EpisodeConfig,
         *,
-        harness: str | Sequence[str],
-        engine: str | Engine | None,
         tasks: TaskSpec | list[Task],
         group_size: int | None,
-        sandbox: str,
-        reward: RewardConfig | dict[str, Any] | None,
         max_tokens: int | None,
-        episode_timeout_s: float,
-        test_timeout_s: float,
-        progress: bool,
+        use_trainer_model: bool,
     ) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be positive, got {group_size}")
-        self.harness = harness
+        self.config = config
         self.tasks = load_tasks(tasks)
         self.group_size = group_size
         self.max_tokens = max_tokens
-        self._engine_spec = engine
-        self._env_kwargs = {"sandbox": sandbox, "reward": reward,
-                            "episode_timeout_s": episode_timeout_s,
-                            "test_timeout_s": test_timeout_s, "progress": progress}
+        self._use_trainer_model = use_trainer_model
         self._by_id = {t.instance_id: t for t in self.tasks}
         self._by_statement = {t.problem_statement.strip(): t for t in self.tasks}
         self._engine: Engine | None = None  # the in-process engine we built, if any
@@ -186,13 +190,7 @@ class HarnessRolloutFunc:
             trace = list(infos["trace"][i] or [])
             segment = training_segment(trace)
             if segment is None:
-                prompt = engine.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": task.problem_statement}],
-                    add_generation_prompt=True, return_dict=False)
-                stop = (engine.stop_token_ids or (engine.tokenizer.eos_token_id,))[0]
-                segment = {"prompt_ids": list(prompt), "response_ids": [int(stop)],
-                           "response_logprobs": [0.0], "loss_mask": [0],
-                           "policy_version": None}
+                segment = placeholder_segment(engine, task)
             out["prompt_ids"].append(list(segment["prompt_ids"]))
             out["completion_ids"].append(list(segment["response_ids"]))
             out["logprobs"].append([float(x) for x in segment["response_logprobs"]])
@@ -224,8 +222,8 @@ class HarnessRolloutFunc:
         return group
 
     def _resolve_engine(self, trainer: Any, model: Any) -> Engine | str:
-        if self._engine_spec is not None:
-            return self._engine_spec
+        if not self._use_trainer_model:
+            return self.config.engine
         if self._engine is None or self._engine.model is not model:
             if self._engine is not None:
                 self._close_envs()
@@ -257,8 +255,8 @@ class HarnessRolloutFunc:
                 sampling["top_k"] = int(args.top_k)
             self._envs[key] = gym.make_vec(
                 "HarnessSWE-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                group_size=group, harness=self.harness, tasks=self.tasks, engine=engine,
-                sampling=sampling, **self._env_kwargs)
+                group_size=group, tasks=self.tasks,
+                config=self.config.replace(engine=engine, sampling=sampling))
         return self._envs[key]
 
     def _close_at_train_end(self, trainer: Any) -> None:
@@ -299,6 +297,18 @@ def training_segment(trace: list[dict[str, Any]]) -> dict[str, Any] | None:
     (the first of equals), or None when there is none."""
     agents = [s for s in trace if s["role"] == "agent" and any(s["loss_mask"])]
     return max(agents, key=lambda s: sum(s["loss_mask"]), default=None)
+
+
+def placeholder_segment(engine: Engine, task: Task) -> dict[str, Any]:
+    """The row of a rollout with no agent segment: the task's prompt and one end-of-turn token
+    outside the loss (`loss_mask` 0), so it keeps its reward and adds no gradient."""
+    prompt = list(engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": task.problem_statement}],
+        add_generation_prompt=True, return_dict=False))
+    stop = int((engine.stop_token_ids or (engine.tokenizer.eos_token_id,))[0])
+    segment = TraceSegment("agent", prompt + [stop], len(prompt), loss_mask=[0],
+                           response_logprobs=[0.0])
+    return {**segment.to_dict(), "policy_version": None}  # no call was made
 
 
 def harness_reward(completions: list[Any], reward: list[float], **kwargs: Any) -> list[float]:

@@ -1,6 +1,6 @@
 """Anthropic Messages: request -> canonical, the model's events -> message JSON or SSE events.
 
-Quirks taken from Claude Code (DESIGN.md): a `role: "system"` message inside `messages`,
+Claude Code's quirks (harnesses/): a `role: "system"` message inside `messages`,
 `thinking` blocks echoed back, `cache_control` on every other block, `context_management`,
 `output_config` and beta headers; it always streams, and it compacts its history only when a
 400 says `prompt is too long: N tokens > M maximum`.

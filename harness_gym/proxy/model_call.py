@@ -22,8 +22,8 @@ from ..engines.base import (
     ContextLengthExceeded,
     Engine,
     EngineError,
+    RequestContext,
     TokenChunk,
-    routing_key,
 )
 from .bridge import ContextStillTooLong, PromptPlan
 from .canonical import AssistantTurn, ChatRequest, ToolCall
@@ -68,6 +68,7 @@ class PreparedCall:
         first: asyncio.Future[TokenChunk | None],
         started: float,
         keepalive_s: float,
+        context: RequestContext,
     ) -> None:
         self.session = session
         self.engine = engine
@@ -78,10 +79,7 @@ class PreparedCall:
         self._consumed = False
         self._started = started
         self._keepalive_s = keepalive_s
-        version = session.policy_version
-        self.completion = Completion(
-            policy_version=engine.policy_version if version is None else version
-        )
+        self.completion = Completion(policy_version=engine.version_for(context))
 
     @property
     def prompt_tokens(self) -> int:
@@ -90,7 +88,7 @@ class PreparedCall:
     async def events(self) -> AsyncIterator[ParseEvent | KeepAlive | CallFinished]:
         self._consumed = True
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer)
-        parser = make_tool_call_parser(getattr(self.engine, "tool_call_format", "hermes"))
+        parser = make_tool_call_parser(self.engine.tool_call_format)
         stops = self.request.sampling.stop
         text_so_far = ""
         text_parts: list[str] = []
@@ -189,9 +187,9 @@ async def prepare_call(
     sampling = session.sampling_params(
         request.sampling, prompt_len, engine.max_context, settings.default_max_tokens
     )
-    routing_key.set(session.session_id)  # this request's task only: contextvars are per task
+    context = RequestContext(routing_key=session.session_id, policy_version=session.policy_version)
     try:
-        stream = engine.stream(plan.prompt_ids, sampling)
+        stream = engine.stream(plan.prompt_ids, sampling, context)
     except ContextLengthExceeded as exc:
         raise _context_error(exc) from None
     first = asyncio.ensure_future(anext(stream, None))
@@ -203,7 +201,9 @@ async def prepare_call(
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             raise
-    return PreparedCall(session, engine, request, plan, stream, first, started, settings.keepalive_s)
+    return PreparedCall(
+        session, engine, request, plan, stream, first, started, settings.keepalive_s, context
+    )
 
 
 async def _truncated_plan(

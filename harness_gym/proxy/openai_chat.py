@@ -1,6 +1,6 @@
 """OpenAI Chat Completions: request -> canonical, canonical answer -> JSON or SSE chunks.
 
-Quirks taken from the real CLIs (DESIGN.md): user content as a list of text parts (Pi),
+The real CLIs' quirks (harnesses/): user content as a list of text parts (Pi),
 `content: null` or `""` on tool-call turns (Pi, OpenCode), tool results as JSON strings
 (Hermes), `developer` as a synonym of `system`.
 """

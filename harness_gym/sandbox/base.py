@@ -39,6 +39,11 @@ class SandboxSpec:
     image holds its checkout at `/testbed`, at the row's base commit): nothing is copied and
     `Sandbox.workdir` is that path. Only backends that run images honour it (their backend
     class sets `runs_images = True`); give it with `repo=None`.
+
+    `ro_mounts` maps host paths to the paths where commands see them, read-only: what the
+    commands need from the host (a harness's install, its runtime), filled in by the episode
+    layer, so a backend knows nothing of what runs in it. Backends that see the host's files
+    (`local`) or none of them (cloud sandboxes) ignore it.
     """
 
     repo: Path | None = None
@@ -46,6 +51,7 @@ class SandboxSpec:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     label: str = "rollout"
+    ro_mounts: Mapping[str, str] = field(default_factory=dict)
 
 
 class Job(abc.ABC):
@@ -120,7 +126,10 @@ class Sandbox(abc.ABC):
 
 
 class SandboxBackend(abc.ABC):
-    name: str
+    name: str = "unnamed"  # the entry-point name, for messages
+    # Whether `create` honours `SandboxSpec.image` and `.workdir` (a dataset row's checkout
+    # inside its image); only such a backend can run dataset rows.
+    runs_images: bool = False
 
     @abc.abstractmethod
     def create(self, spec: SandboxSpec) -> Sandbox: ...

@@ -1,8 +1,8 @@
 """The `bwrap` sandbox: the `local` layout and cleanup, with every command run under bubblewrap.
 
 Each command gets its own mount, pid, ipc and uts namespaces. Inside it sees the host's system
-dirs read-only (/usr, /bin, /lib*, /etc, /opt), the harness cache and the Python environment
-read-only at their host paths (a harness's CLI and `python -m pytest` work unchanged), a fresh
+dirs read-only (/usr, /bin, /lib*, /etc, /opt), this Python's environment read-only at its host
+paths (`python -m pytest` works unchanged), the spec's `ro_mounts` (a harness's install), a fresh
 /proc and /dev, an empty /tmp, and its own sandbox root read-write at its host path, so paths
 in traces, configs and patches are the same inside and out. Nothing else of the host's /root,
 /home or other rollouts' dirs is there. File ops act on the host paths directly.
@@ -46,7 +46,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..harness import harness_cache_dir
 from .base import SandboxError, SandboxSpec
 from .local import LocalJob, LocalSandbox, LocalSandboxBackend, _argv
 
@@ -66,16 +65,29 @@ def _system_mounts() -> list[str]:
     return args
 
 
-def _tool_dirs() -> list[Path]:
-    """Host dirs a harness needs read-only: the harness cache and this Python's environment
-    (the venv and the interpreter it points at, which may live under /root, e.g. pyenv)."""
-    dirs = [harness_cache_dir().parent, Path(sys.prefix), Path(sys.base_prefix)]
-    system = tuple(Path(d) for d in _SYSTEM_DIRS)
+def _in_system_dir(path: str | Path) -> bool:
+    return any(Path(path).is_relative_to(d) for d in _SYSTEM_DIRS)
+
+
+def _python_dirs() -> list[Path]:
+    """This Python's environment (the venv and the interpreter it points at, which may live
+    under /root, e.g. pyenv): the grader runs `python -m pytest` with it."""
     kept: list[Path] = []
-    for d in dirs:
-        if d.is_dir() and d not in kept and not any(d.is_relative_to(s) for s in system):
+    for d in (Path(sys.prefix), Path(sys.base_prefix)):
+        if d.is_dir() and d not in kept and not _in_system_dir(d):
             kept.append(d)
     return kept
+
+
+def _ro_mounts(mounts: Mapping[str, str]) -> list[str]:
+    """Binds for `SandboxSpec.ro_mounts` whose host path exists. A target inside a system dir is
+    left out: those dirs are the host's own, read-only, so no mount point can be made there and
+    the host's files there are visible as they are."""
+    args: list[str] = []
+    for host, inside in mounts.items():
+        if os.path.exists(host) and not _in_system_dir(inside):
+            args += ["--ro-bind", host, inside]
+    return args
 
 
 @functools.cache
@@ -96,6 +108,7 @@ class BwrapSandbox(LocalSandbox):
     def __init__(self, spec: SandboxSpec, system_mounts: Sequence[str]) -> None:
         super().__init__(spec)
         self._system_mounts = list(system_mounts)
+        self._ro_mounts = dict(spec.ro_mounts)
         if "PATH" not in spec.env:
             # The host's `python` may be a shim under /root (pyenv) that is not in here; put
             # this interpreter's bin dir (bound read-only) first, so `python -m pytest` works.
@@ -103,9 +116,9 @@ class BwrapSandbox(LocalSandbox):
 
     def bwrap_argv(self, command: Sequence[str] | str, cwd: str) -> list[str]:
         """The full bwrap command line for `command`, run in `cwd` (a host path)."""
-        tools: list[str] = []
-        for d in _tool_dirs():  # looked up per command: the harness may be installed later
-            tools += ["--ro-bind", str(d), str(d)]
+        tools = [arg for d in _python_dirs() for arg in ("--ro-bind", str(d), str(d))]
+        # Looked up per command: a harness may be installed after the sandbox was made.
+        tools += _ro_mounts(self._ro_mounts)
         return [
             "bwrap", *_LIFETIME, *_NAMESPACES, *self._system_mounts,
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",

@@ -17,9 +17,10 @@ at `/testbed` by SWE-bench's convention, checked out at the row's base commit) c
 under /sandbox/<id>/, and the repo is marked `safe.directory` in the container's system git
 config, so git works on it whichever uid owns it.
 
-The harness cache (`~/.cache/harness-gym`) is bind-mounted read-only at its host path and the
-host's `node` at /usr/local/bin/node, so a harness installed on the host runs unchanged inside
-(the daemon must run on this host; other runtimes go in the image or `extra_mounts`).
+The spec's `ro_mounts` are bind-mounted read-only (the episode layer puts a harness's install
+there at its host path and the host's `node` at /usr/local/bin/node, so a harness installed on
+the host runs unchanged inside; the daemon must run on this host), then the backend's
+`extra_mounts`.
 
 Networking: the container has a loopback and nothing else, so it cannot reach the host, other
 containers or the internet. The harness reaches the interception proxy through a unix socket:
@@ -289,7 +290,7 @@ class DockerSandbox(Sandbox):
         image = spec.image or backend.image
         mounts = {str(self._run_dir): f"{self.root}/run"}
         volumes = {host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()}
-        for host, inside in backend.read_only_mounts().items():
+        for host, inside in backend.read_only_mounts(spec).items():
             volumes[host] = {"bind": inside, "mode": "ro"}
         docker = _docker()
         try:
@@ -541,18 +542,9 @@ class DockerSandboxBackend(SandboxBackend):
         if reap:
             self.reap_stale()
 
-    def read_only_mounts(self) -> dict[str, str]:
-        from ..harness import harness_cache_dir
-
-        mounts = {}
-        cache = harness_cache_dir().parent
-        if cache.is_dir():
-            mounts[str(cache)] = str(cache)
-        node = shutil.which("node")
-        if node is not None:
-            # The cached npm harnesses were installed by this node and may hold native addons
-            # built for its ABI; bookworm's node is 18 and Pi 0.73 needs >= 20.
-            mounts[os.path.realpath(node)] = "/usr/local/bin/node"
+    def read_only_mounts(self, spec: SandboxSpec) -> dict[str, str]:
+        """Host path -> container path, bound read-only: the spec's, then `extra_mounts`."""
+        mounts = {h: p for h, p in spec.ro_mounts.items() if os.path.exists(h)}
         return {**mounts, **self.extra_mounts}
 
     def reap_stale(self) -> list[str]:

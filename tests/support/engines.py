@@ -6,7 +6,8 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from harness_gym.engines import Engine, SamplingParams, TokenChunk
+from harness_gym.engines import Engine, RequestContext, SamplingParams, TokenChunk
+from harness_gym.engines.base import NO_CONTEXT
 
 
 class RecordingEngine(Engine):
@@ -23,11 +24,17 @@ class RecordingEngine(Engine):
     def tokenizer(self) -> Any:
         return self.inner.tokenizer
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> AsyncIterator[TokenChunk]:
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
+    ) -> AsyncIterator[TokenChunk]:
         self.check_fits(len(prompt_ids))
-        record = {"prompt_ids": list(prompt_ids), "token_ids": [], "logprobs": []}
+        record = {"prompt_ids": list(prompt_ids), "token_ids": [], "logprobs": [],
+                  "context": context}
         self.calls.append(record)
-        return self._stream(self.inner.stream(prompt_ids, sampling), record)
+        return self._stream(self.inner.stream(prompt_ids, sampling, context), record)
 
     async def _stream(self, inner: AsyncIterator[TokenChunk], record: dict[str, Any]) -> AsyncIterator[TokenChunk]:
         try:
