@@ -86,7 +86,7 @@ def steps():
         envs.reset(seed=0)
         start_s = time.perf_counter() - started
         on_ray = one_step(envs)
-        executor = envs.unwrapped._ray
+        executor = envs.unwrapped._executor
         on_ray.update(start_s=start_s, nodes=executor.nodes, actor_names=executor.actor_names,
                       processes=descendants(os.getpid()) - before)
     finally:
