@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="to decode with: tiny (default), smollm2, or a tokenizer directory")
     trace.add_argument("--prompt", action="store_true", help="print each segment's prompt too")
     trace.set_defaults(handler=_trace)
+
+    from .tasks.family.cli import add_tasks_command
+
+    add_tasks_command(commands)
     return parser
 
 

@@ -4,7 +4,7 @@
 `repo/`), a JSONL, JSON or Parquet file of SWE-rebench V2 / SWE-bench rows (as the datasets ship
 them: list fields and `install_config` either native or JSON-encoded), a list of `Task`s (or row
 dicts), or the name of an entry point in the `harness_gym.tasks` group (a callable returning any
-of those).
+of those; `name:arg` calls it with `arg`, e.g. `"family:heldout"`).
 
 `materialize` copies a directory task's `repo/` and commits it once with fixed author, committer,
 dates and message, so the base commit's hash depends only on the files: the same on every
@@ -94,9 +94,8 @@ def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
             return _load_directory(path)
         if path.is_file():
             return _load_rows_file(path, install_config)
-        if isinstance(spec, str) and (entry := _entry_point(spec)) is not None:
-            loaded = entry.load()
-            return _resolve(loaded() if callable(loaded) else loaded, install_config)
+        if isinstance(spec, str) and (suite := _from_entry_point(spec)) is not None:
+            return _resolve(suite, install_config)
         installed = plugin_names(ENTRY_POINT_GROUP)
         hint = did_you_mean(str(spec), ["builtin", *installed])
         raise TaskError(
@@ -115,6 +114,25 @@ def _resolve(spec: Any, install_config: Mapping[str, Any] | None) -> list[Task]:
 def _entry_point(name: str) -> Any:
     matches = entry_points(group=ENTRY_POINT_GROUP, name=name)
     return next(iter(matches), None)
+
+
+def _from_entry_point(spec: str) -> Any:
+    """What the entry point `spec` names makes, or None: `name` is called with no argument,
+    `name:arg` (when no entry point is called that) with `arg`, as engine specs are
+    (`family:heldout`)."""
+    arg: str | None = None
+    entry = _entry_point(spec)
+    if entry is None and ":" in spec:
+        name, _, arg = spec.partition(":")
+        entry = _entry_point(name)
+    if entry is None:
+        return None
+    loaded = entry.load()
+    if not callable(loaded):
+        if arg is not None:
+            raise TaskError(f"task suite entry point {spec.partition(':')[0]!r} takes no argument")
+        return loaded
+    return loaded() if arg is None else loaded(arg)
 
 
 def _task_from_item(item: Any, install_config: Mapping[str, Any] | None, where: str) -> Task:
