@@ -1,0 +1,242 @@
+"""Warm start from traces: supervised fine-tuning on the exact tokens a CLI exchanged.
+
+    from harness_gym.sft import load_episodes, sft_rows, train_sft
+
+    episodes = load_episodes("runs/")              # RecordTraces / `harness-gym run` files
+    rows = sft_rows(episodes)                      # passing episodes' agent segments
+    trainer = train_sft(model, tokenizer, rows, output_dir="ckpt/sft")
+
+A row is one trace segment as it was recorded: `input_ids = prompt_ids + response_ids` and
+`labels` equal to `input_ids` where the segment's `loss_mask` is 1 and -100 elsewhere (the
+prompt, and the tool results and user turns the proxy inserted between calls). Nothing is
+re-rendered or re-tokenized: the model learns the ids it will see and emit through the proxy,
+including the template's tool-call format and the CLI's own re-serialized history, which a
+re-rendering of the conversation's text would not reproduce (see DESIGN.md, "Lessons").
+
+Training uses TRL's `SFTTrainer`. TRL 1.16 takes pre-tokenized rows: a dataset with an
+`input_ids` column is treated as processed (no template, no tokenizer call), a `labels` column
+is used as it is, and its collator pads `labels` with -100; the loss is the mean negative
+log-likelihood over positions whose label is not -100 (`SFTTrainer.compute_loss`). We pass
+`labels` rather than `assistant_masks` so the masking is explicit in the data and survives
+`skip_prepare_dataset`. Defaults differ from TRL's where they would hurt here: `max_length=None`
+(TRL's 1024 would cut a ~2k-token Pi episode down to its prompt, then drop it as fully masked),
+float32 (no bf16 on CPU), no gradient checkpointing (small models), no checkpoints saved unless
+asked. The gradient is that of full fine-tuning on the masked tokens.
+
+By default only `passed` episodes and `agent` segments are kept (`outcomes=None` keeps every
+episode). Sources: lists of `info` dicts (each with `trace`, `outcome`, `task_id`), `RecordTraces`
+JSONL or Parquet files, `harness-gym run` JSONL files, or a directory of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "IGNORE_INDEX",
+    "TraceFormatError",
+    "load_episodes",
+    "masked_nll",
+    "segment_row",
+    "sft_config",
+    "sft_dataset",
+    "sft_rows",
+    "sft_trainer",
+    "train_sft",
+]
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # the label that carries no loss (PyTorch's cross-entropy convention)
+EpisodeSource = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
+
+
+class TraceFormatError(ValueError):
+    """A trace segment is not what the proxy records (mismatched lengths, a mask not 0/1)."""
+
+
+def load_episodes(source: EpisodeSource) -> list[dict[str, Any]]:
+    """Episodes (dicts with `trace`, `outcome`, `task_id`, ...) from a file, a directory of
+    `.jsonl`/`.parquet` files, or an iterable of `info` dicts (returned as they are)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return [dict(episode) for episode in source]
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds no .jsonl or .parquet trace files")
+        return [episode for file in files for episode in load_episodes(file)]
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as parquet
+
+        return parquet.read_table(path).to_pylist()
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as lines:
+            return [json.loads(line) for line in lines if line.strip()]
+    raise ValueError(f"{path}: trace files are .jsonl or .parquet (RecordTraces, harness-gym run)")
+
+
+def segment_row(segment: Mapping[str, Any]) -> dict[str, list[int]]:
+    """One segment as a training row: its exact ids, labels masked by its `loss_mask`."""
+    prompt, response = list(segment["prompt_ids"]), list(segment["response_ids"])
+    mask = list(segment["loss_mask"])
+    if len(mask) != len(response):
+        raise TraceFormatError(
+            f"loss_mask has {len(mask)} entries for {len(response)} response tokens: "
+            "a segment's mask covers its response tokens one to one"
+        )
+    if any(bit not in (0, 1) for bit in mask):
+        raise TraceFormatError("loss_mask holds values other than 0 and 1")
+    labels = [IGNORE_INDEX] * len(prompt)
+    labels += [token if bit else IGNORE_INDEX for token, bit in zip(response, mask, strict=True)]
+    return {"input_ids": prompt + response, "labels": labels}
+
+
+def sft_rows(
+    episodes: EpisodeSource,
+    *,
+    outcomes: Sequence[str] | None = ("passed",),
+    roles: Sequence[str] = ("agent",),
+    max_length: int | None = None,
+) -> list[dict[str, Any]]:
+    """Training rows from episodes: one per kept segment, with `task_id` and `outcome` beside
+    `input_ids` and `labels`. `outcomes=None` keeps every episode. Segments without a single
+    loss token, and (with `max_length`) longer segments, are left out (counted in the log):
+    a row is never truncated, since a cut row would teach from a prompt it no longer shows."""
+    rows: list[dict[str, Any]] = []
+    too_long = 0
+    for episode in load_episodes(episodes):
+        if outcomes is not None and episode.get("outcome") not in outcomes:
+            continue
+        for index, segment in enumerate(episode.get("trace") or []):
+            if segment.get("role") not in roles:
+                continue
+            row = segment_row(segment)
+            if all(label == IGNORE_INDEX for label in row["labels"]):
+                continue
+            if max_length is not None and len(row["input_ids"]) > max_length:
+                too_long += 1
+                continue
+            rows.append({**row, "task_id": episode.get("task_id"),
+                         "outcome": episode.get("outcome"), "segment": index})
+    if too_long:
+        log.warning("left out %d segment(s) longer than max_length=%d", too_long, max_length)
+    return rows
+
+
+def sft_dataset(episodes: EpisodeSource | list[dict[str, Any]], **filters: Any) -> Any:
+    """`sft_rows` as a `datasets.Dataset` (columns `input_ids`, `labels`, `task_id`, ...).
+    Rows already made by `sft_rows` are taken as they are."""
+    from datasets import Dataset
+
+    rows = episodes if _are_rows(episodes) else sft_rows(episodes, **filters)
+    if not rows:
+        raise ValueError("no training rows: no episode passed the filters (outcomes, roles)")
+    return Dataset.from_list(rows)
+
+
+def sft_config(output_dir: str | os.PathLike[str], **overrides: Any) -> Any:
+    """A TRL `SFTConfig` with this module's defaults (see the module docstring)."""
+    from trl import SFTConfig
+
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_length": None,
+        "bf16": False,
+        # transformers 5 renamed it; TRL 1.16 still defaults the old name to True
+        "activation_checkpointing": overrides.pop("gradient_checkpointing", False),
+        "per_device_train_batch_size": 1,
+        "num_train_epochs": 1,
+        "learning_rate": 5e-5,
+        "lr_scheduler_type": "constant",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "dataloader_pin_memory": False,
+        "use_cpu": not _has_accelerator(),
+    }
+    settings.update(overrides)
+    return SFTConfig(**settings)
+
+
+def sft_trainer(
+    model: Any,
+    tokenizer: Any,
+    rows: EpisodeSource | list[dict[str, Any]] | Any,
+    *,
+    output_dir: str | os.PathLike[str],
+    **config: Any,
+) -> Any:
+    """A TRL `SFTTrainer` for `model` (a causal LM, or a model directory) on `rows` (`sft_rows`
+    output, a `datasets.Dataset` of such rows, or episodes), not yet trained. `config`
+    overrides `sft_config` fields (`num_train_epochs`, `learning_rate`, `max_steps`, ...)."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    dataset = rows if isinstance(rows, Dataset) else sft_dataset(rows)
+    dataset = dataset.select_columns(["input_ids", "labels"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return SFTTrainer(
+        model=model, args=sft_config(output_dir, **config), train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+
+
+def train_sft(
+    model: Any,
+    tokenizer: Any,
+    rows: EpisodeSource | list[dict[str, Any]] | Any,
+    *,
+    output_dir: str | os.PathLike[str],
+    **config: Any,
+) -> Any:
+    """`sft_trainer(...)`, trained; returns the trainer (`trainer.model` is the tuned model,
+    `trainer.state.log_history` the losses; save with `trainer.save_model(path)`)."""
+    trainer = sft_trainer(model, tokenizer, rows, output_dir=output_dir, **config)
+    trainer.train()
+    return trainer
+
+
+def masked_nll(model: Any, rows: Sequence[Mapping[str, Any]]) -> float:
+    """Mean negative log-likelihood per loss token of `rows` under `model` (one row at a time,
+    no gradient): the quantity SFT minimises, for before/after comparisons."""
+    import torch
+
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for row in rows:
+                ids = torch.tensor([row["input_ids"]], device=device)
+                labels = torch.tensor([row["labels"]], device=device)
+                logits = model(input_ids=ids).logits[0, :-1].float()
+                targets = labels[0, 1:]
+                keep = targets != IGNORE_INDEX
+                loss = torch.nn.functional.cross_entropy(
+                    logits[keep], targets[keep], reduction="sum"
+                )
+                total += float(loss)
+                count += int(keep.sum())
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("the rows hold no loss tokens")
+    return total / count
+
+
+def _are_rows(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and "labels" in value[0]
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

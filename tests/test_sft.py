@@ -1,0 +1,185 @@
+"""Warm start from traces: a trace segment becomes one SFT row with its exact token ids and
+labels masked by its loss_mask; TRL's SFTTrainer takes those rows as they are and its loss
+counts only the unmasked positions; and a short run on real teacher traces through the real Pi
+CLI (recorded by RecordTraces) lowers the loss on them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import gymnasium as gym
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.engines.teacher import TeacherEngine
+from harness_gym.engines.tiny import load_tiny_engine, tiny_model_dir
+from harness_gym.sft import (
+    IGNORE_INDEX,
+    TraceFormatError,
+    load_episodes,
+    masked_nll,
+    segment_row,
+    sft_dataset,
+    sft_rows,
+    sft_trainer,
+    train_sft,
+)
+from harness_gym.tasks import load_tasks
+from harness_gym.wrappers import RecordTraces
+from harness_gym.wrappers.record_traces import SCHEMA
+
+
+def segment(role: str = "agent", prompt: int = 5, calls: int = 2) -> dict[str, Any]:
+    """A segment shaped like the proxy's: sampled tokens (mask 1) and inserted tool results
+    (mask 0) alternating after the prompt."""
+    response, mask = [], []
+    for call in range(calls):
+        if call:
+            response += [900 + call] * 3  # a tool result the proxy inserted
+            mask += [0] * 3
+        response += [100 + call * 10 + i for i in range(4)]
+        mask += [1] * 4
+    return {"role": role, "prompt_ids": list(range(1, prompt + 1)), "response_ids": response,
+            "loss_mask": mask, "response_logprobs": [-0.5 if m else 0.0 for m in mask],
+            "policy_version": 0, "policy_versions": [0] * calls}
+
+
+def episode(task_id: str, outcome: str = "passed", *segments: dict) -> dict[str, Any]:
+    return {"task_id": task_id, "outcome": outcome, "trace": list(segments or [segment()])}
+
+
+def test_a_row_is_the_segments_exact_ids_with_labels_masked_by_its_loss_mask():
+    seg = segment(prompt=6, calls=3)
+    row = segment_row(seg)
+    assert row["input_ids"] == seg["prompt_ids"] + seg["response_ids"]
+    assert row["labels"][:6] == [IGNORE_INDEX] * 6  # the prompt carries no loss
+    for token, bit, label in zip(seg["response_ids"], seg["loss_mask"], row["labels"][6:],
+                                 strict=True):
+        assert label == (token if bit else IGNORE_INDEX)  # nor do inserted tool results
+    assert sum(label != IGNORE_INDEX for label in row["labels"]) == sum(seg["loss_mask"])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"loss_mask": [1, 1]}, "covers its response tokens one to one"),
+    ({"loss_mask": [2] * 11}, "other than 0 and 1"),
+])
+def test_a_segment_that_breaks_the_trace_contract_is_refused(change, message):
+    with pytest.raises(TraceFormatError, match=message):
+        segment_row({**segment(), **change})
+
+
+def test_passing_agent_segments_are_kept_by_default():
+    no_loss = {**segment(), "loss_mask": [0] * 11}
+    episodes = [
+        episode("a", "passed", segment(), segment(role="auxiliary"), no_loss),
+        episode("b", "failed"),
+        episode("c", "timeout"),
+        episode("d", "passed", segment(prompt=50)),
+    ]
+    assert [(r["task_id"], r["segment"]) for r in sft_rows(episodes)] == [("a", 0), ("d", 0)]
+    assert [r["task_id"] for r in sft_rows(episodes, outcomes=None)] == ["a", "b", "c", "d"]
+    assert [r["task_id"] for r in sft_rows(episodes, max_length=30)] == ["a"]  # never cut
+    assert len(sft_rows(episodes, roles=("agent", "auxiliary"))) == 3
+    assert sft_dataset(episodes).column_names[:2] == ["input_ids", "labels"]
+    with pytest.raises(ValueError, match="no training rows"):
+        sft_dataset([episode("b", "failed")])
+
+
+def test_episodes_load_from_record_traces_parquet_and_jsonl_files_and_directories(tmp_path):
+    episodes = [episode("a"), episode("b", "failed")]
+    rows = [{**{name: None for name in SCHEMA.names}, **e} for e in episodes]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp_path / "run.parquet")
+    (tmp_path / "run.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+
+    for name in ("run.parquet", "run.jsonl"):
+        loaded = load_episodes(tmp_path / name)
+        assert [e["task_id"] for e in loaded] == ["a", "b"]
+        assert sft_rows(tmp_path / name) == sft_rows(episodes)
+    assert len(load_episodes(tmp_path)) == 4
+    with pytest.raises(ValueError, match=".jsonl or .parquet"):
+        load_episodes(tmp_path / "run.txt")
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer() -> Any:
+    from harness_gym.engines import load_tiny_tokenizer
+
+    return load_tiny_tokenizer()
+
+
+def test_the_trainers_loss_counts_only_the_unmasked_positions(tiny_model, tiny_tokenizer,
+                                                              tmp_path):
+    rows = sft_rows([episode("a", "passed", segment(prompt=7, calls=3)),
+                     episode("b", "passed", segment(prompt=4, calls=2))])
+    trainer = sft_trainer(tiny_model, tiny_tokenizer, rows, output_dir=tmp_path)
+    prepared = [trainer.train_dataset[i] for i in range(2)]
+    assert [p["input_ids"] for p in prepared] == [r["input_ids"] for r in rows]  # not re-tokenized
+    assert [p["labels"] for p in prepared] == [r["labels"] for r in rows]
+    batch = trainer.data_collator(prepared)  # padded: the shorter row's tail is -100 too
+
+    trainer.model.eval()
+    with torch.no_grad():
+        loss = float(trainer.compute_loss(trainer.model, dict(batch)))
+        logits = trainer.model(input_ids=batch["input_ids"],
+                               attention_mask=batch["attention_mask"]).logits
+    predictions, targets = logits[:, :-1].reshape(-1, logits.shape[-1]), batch["labels"][:, 1:]
+    targets = targets.reshape(-1)
+    per_token = torch.nn.functional.cross_entropy(predictions, targets.clamp(min=0),
+                                                  reduction="none")
+    kept = targets != IGNORE_INDEX
+    assert int(kept.sum()) == sum(sum(segment(prompt=p, calls=c)["loss_mask"])
+                                  for p, c in ((7, 3), (4, 2)))
+    assert loss == pytest.approx(float(per_token[kept].mean()), rel=1e-4)
+    assert loss != pytest.approx(float(per_token[batch["attention_mask"][:, 1:].reshape(-1) == 1]
+                                       .mean()), rel=1e-3)  # masking changed the loss
+
+
+@pytest.mark.slow
+def test_sft_on_real_teacher_traces_through_pi_lowers_their_loss(tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    tasks = load_tasks("family:train")[:3]
+    scorer = load_tiny_engine()
+    teacher = TeacherEngine(scorer.tokenizer, max_context=scorer.max_context,
+                            stop_token_ids=scorer.stop_token_ids, scorer=scorer, churn=0.0)
+    vec = gym.make_vec("HarnessSWE-v0", num_envs=3, vectorization_mode="vector_entry_point",
+                       harness="pi", tasks=tasks, engine=teacher, sandbox="local",
+                       episode_timeout_s=300, progress=False)
+    envs = RecordTraces(vec, tmp_path / "runs", format="parquet")
+    try:
+        envs.reset(seed=0, options={"task_ids": [t.instance_id for t in tasks]})
+        _, _, _, _, infos = envs.step(None)
+    finally:
+        envs.close()
+        teacher.close()
+    assert list(infos["outcome"]) == ["passed"] * 3
+
+    rows = sft_rows(envs.file)
+    assert len(rows) == 3
+    for row, trace in zip(rows, infos["trace"], strict=True):
+        (agent,) = [s for s in trace if s["role"] == "agent"]
+        assert row["input_ids"] == agent["prompt_ids"] + agent["response_ids"]  # the same ids
+        assert sum(label != IGNORE_INDEX for label in row["labels"]) == sum(agent["loss_mask"])
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    before = masked_nll(model, rows)
+    trainer = train_sft(model, tiny_tokenizer, rows, output_dir=tmp_path / "sft",
+                        num_train_epochs=2, learning_rate=3e-3)
+    after = masked_nll(trainer.model, rows)
+    assert after < 0.85 * before, (before, after)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
