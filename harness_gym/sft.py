@@ -5,6 +5,9 @@
     episodes = load_episodes("runs/")              # RecordTraces / `harness-gym run` files
     rows = sft_rows(episodes)                      # passing episodes' agent segments
     trainer = train_sft(model, tokenizer, rows, output_dir="ckpt/sft")
+    masked_nll(trainer.model, rows)                # mean loss per trained token
+
+`sft_trainer` builds the same trainer untrained, for callers that add callbacks or subclass it.
 
 A row is one trace segment as it was recorded: `input_ids = prompt_ids + response_ids` and
 `labels` equal to `input_ids` where the segment's `loss_mask` is 1 and -100 elsewhere (the

@@ -14,17 +14,13 @@ at once); nothing else needs to know the answers.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
-from .scripted import ScriptedEngine
+from .agent_tools import AgentTools
+from .scripted import ScriptedEngine, task_key
 from .transformers_engine import TransformersEngine
 
-SHELL_TOOL_NAMES = ("bash", "terminal", "shell", "run_shell_command", "execute_command", "exec")
-_TOOLS_SECTION = re.compile(r"<tools>(.*?)</tools>", re.S)
-_TOOL_NAME = re.compile(r'"name":\s*"([^"]+)"')
-_KEY_CHARS = 200  # how much of a problem statement identifies its task
 DONE = "The fix is applied and the tests should pass now."
 
 
@@ -37,7 +33,7 @@ class OracleEngine(ScriptedEngine):
     def add_tasks(self, tasks: Iterable[Any]) -> None:
         """Register tasks (anything with `problem_statement` and `patch`)."""
         for task in tasks:
-            self._patches[_task_key(task.problem_statement)] = task.patch
+            self._patches[task_key(task.problem_statement)] = task.patch
 
     def on_episode_start(self, task: Any) -> None:
         self.add_tasks([task])
@@ -46,7 +42,7 @@ class OracleEngine(ScriptedEngine):
         if self.noop:
             return "Done."
         patch = next((p for key, p in self._patches.items() if key in prompt), None)
-        shell = find_shell_tool(prompt)
+        shell = AgentTools.from_prompt(prompt).shell
         if patch is None or shell is None:
             missing = "task" if patch is None else "shell tool"
             return f"I cannot solve this: the oracle found no registered {missing} in the prompt."
@@ -55,20 +51,6 @@ class OracleEngine(ScriptedEngine):
         command = f"git apply --whitespace=nowarn <<'HARNESS_GYM_PATCH'\n{patch}HARNESS_GYM_PATCH"
         call = {"name": shell, "arguments": {"command": command}}
         return f"I will apply the fix.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-
-
-def _task_key(problem_statement: str) -> str:
-    return problem_statement.strip()[:_KEY_CHARS]
-
-
-def find_shell_tool(prompt: str) -> str | None:
-    """The name of the shell tool in the prompt's `<tools>` section, if there is one."""
-    names = [n for section in _TOOLS_SECTION.findall(prompt) for n in _TOOL_NAME.findall(section)]
-    for wanted in SHELL_TOOL_NAMES:
-        for name in names:
-            if name.lower() == wanted:
-                return name
-    return None
 
 
 def load_oracle_engine(arg: str = "") -> OracleEngine:

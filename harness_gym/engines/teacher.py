@@ -16,9 +16,10 @@ Its tokens are the POLICY's: `teacher:smollm2` answers in SmolLM2's tokenizer, a
 are the Hermes-style `<tool_call>` blocks the policy's chat template renders (the proxy renders
 the prompts with that template too), so a trace is training data for that policy as it stands.
 Logprobs: `teacher` (the tiny policy) reports the tiny model's real scores of its tokens, as the
-oracle does. `teacher:smollm2` reports 0.0 by default: scoring a ~3k-token Pi prompt with
-SmolLM2 on 2 CPU cores costs several seconds per call (see the report in the tests), and a
-demonstration is not a sample of the policy, so it has no p_old an importance ratio could use;
+oracle does. `teacher:smollm2` reports 0.0 by default: scoring re-reads the whole ~2k-token Pi
+conversation with SmolLM2 at every call, which made an episode take ~100 s instead of ~12 s
+on this 2-core machine (measured, 3 family tasks, Pi, bwrap), and a demonstration is not a
+sample of the policy, so it has no p_old an importance ratio could use;
 `teacher:smollm2,score=1` scores with the real model anyway.
 
 Specs: `teacher` (= `teacher:tiny`), `teacher:smollm2`, `teacher:/path/to/model` (its
@@ -37,14 +38,13 @@ from types import SimpleNamespace
 from typing import Any, Literal
 
 from .agent_tools import AgentTools, ToolCallText, tool_call_text
-from .scripted import ScriptedEngine
+from .scripted import ScriptedEngine, task_key
 from .text_edits import EditNotGrounded, FilePatch, parse_patch
 from .transformers_engine import TransformersEngine, default_stop_token_ids
 
 __all__ = ["Step", "TeacherEngine", "load_teacher_engine"]
 
 StepKind = Literal["ls", "read", "edit", "write", "test"]
-_KEY_CHARS = 200  # how much of a problem statement identifies its task
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_start\|>|\Z)", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 TEST_COMMAND = "python -m pytest -q"
@@ -82,7 +82,7 @@ class TeacherEngine(ScriptedEngine):
     def add_tasks(self, tasks: Iterable[Any]) -> None:
         """Register tasks (anything with `instance_id`, `problem_statement` and `patch`)."""
         for task in tasks:
-            self._tasks[_task_key(task.problem_statement)] = task
+            self._tasks[task_key(task.problem_statement)] = task
 
     def plan(self, task: Any, tools: AgentTools) -> list[Step]:
         """The tool steps of `task`'s demonstration (the final answer follows them)."""
@@ -92,7 +92,7 @@ class TeacherEngine(ScriptedEngine):
         rng = random.Random(f"teacher:{self.seed}:{task.instance_id}")
         if rng.random() < self.churn:
             extras = rng.sample(["ls", "reread", "test"], rng.choice([1, 2]))
-            if "reread" in extras and steps[0].kind == "read":
+            if "reread" in extras and steps and steps[0].kind == "read":
                 steps.insert(1, steps[0])
             if "ls" in extras and tools.shell:
                 steps.insert(0, Step("ls"))
@@ -108,7 +108,7 @@ class TeacherEngine(ScriptedEngine):
             return "I cannot solve this: the teacher found no registered task in the prompt."
         tools = AgentTools.from_prompt(prompt)
         steps = self.plan(task, tools)
-        done = _exchanges(prompt, _task_key(task.problem_statement))
+        done = _exchanges(prompt, task_key(task.problem_statement))
         if len(done) >= len(steps):
             return f"I fixed the bug in {_paths(steps)}."
         step = steps[len(done)]
@@ -204,10 +204,6 @@ def _from_directory(directory: Path, template: str | None) -> tuple[Any, int, li
 
 
 # --- reading the conversation -------------------------------------------------------------------
-
-
-def _task_key(problem_statement: str) -> str:
-    return problem_statement.strip()[:_KEY_CHARS]
 
 
 def _exchanges(prompt: str, task_key: str) -> list[list[str]]:
