@@ -27,6 +27,7 @@ from harness_gym.tasks.family import (
     write_family,
 )
 from harness_gym.tasks.family.bugs import Check, Snippet
+from harness_gym.tasks.family.cli import main as family_main
 from harness_gym.tasks.family.suite import _self_check
 
 from support.task_sandboxes import PYTHON_PATH_ENV
@@ -183,6 +184,11 @@ def test_the_cli_generates_a_family_that_loads(tmp_path: Path, capsys):
     assert len(load_tasks(out / "heldout")) == 2
     with pytest.raises(FileExistsError):
         write_family(out, seed=5, train=1, heldout=1)
+    # The same command without the harness-gym CLI: python -m harness_gym.tasks.family
+    assert family_main(["generate", "--out", str(tmp_path / "again"), "--seed", "5",
+                        "--train", "3", "--heldout", "2"]) == 0
+    assert [t.to_dict() for t in load_tasks(tmp_path / "again" / "train")] == [
+        t.to_dict() for t in load_tasks(out / "train")]  # same seed, same tasks, same commits
 
 
 def test_generating_the_default_family_is_fast():

@@ -10,7 +10,11 @@ from pathlib import Path
 def add_tasks_command(commands: argparse._SubParsersAction) -> None:
     """Add the `tasks` command (with `generate` and `validate`) to a parser's subcommands."""
     tasks = commands.add_parser("tasks", help="generate and validate the task family")
-    actions = tasks.add_subparsers(dest="tasks_command", required=True)
+    _add_actions(tasks)
+
+
+def _add_actions(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="tasks_command", required=True)
 
     generate = actions.add_parser(
         "generate", help="write the family's train and held-out splits as task directories")
@@ -19,7 +23,7 @@ def add_tasks_command(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--train", type=int, default=200, help="training tasks")
     generate.add_argument("--heldout", type=int, default=50, help="held-out tasks")
     generate.add_argument("--validate", action="store_true",
-                          help="then validate every task in a sandbox (slow: ~1 s a task)")
+                          help="then validate every task in a sandbox (slow: 4-15 s a task)")
     generate.add_argument("--sandbox", default="local", help="sandbox for --validate")
     generate.set_defaults(handler=_generate)
 
@@ -65,6 +69,6 @@ def _validate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness_gym.tasks.family")
-    add_tasks_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["tasks", *(sys.argv[1:] if argv is None else argv)])
+    _add_actions(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.handler(args)
