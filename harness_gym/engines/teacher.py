@@ -70,9 +70,11 @@ class TeacherEngine(ScriptedEngine):
         churn: float = 0.3,
         seed: int = 0,
         model_name: str = "teacher",
+        tokenizer_source: str | None = None,
     ) -> None:
         super().__init__(scorer, self._answer, model_name=model_name, tokenizer=tokenizer,
-                         max_context=max_context, stop_token_ids=stop_token_ids)
+                         max_context=max_context, stop_token_ids=stop_token_ids,
+                         tokenizer_source=tokenizer_source)
         if not 0.0 <= churn <= 1.0:
             raise ValueError(f"churn is a fraction of demonstrations, in [0, 1]; got {churn}")
         self.churn = churn
@@ -83,6 +85,9 @@ class TeacherEngine(ScriptedEngine):
         """Register tasks (anything with `instance_id`, `problem_statement` and `patch`)."""
         for task in tasks:
             self._tasks[task_key(task.problem_statement)] = task
+
+    def on_episode_start(self, task: Any) -> None:
+        self.add_tasks([task])
 
     def plan(self, task: Any, tools: AgentTools) -> list[Step]:
         """The tool steps of `task`'s demonstration (the final answer follows them)."""
@@ -154,6 +159,8 @@ def load_teacher_engine(arg: str = "") -> TeacherEngine:
         tokenizer, max_context=max_context, stop_token_ids=stops, scorer=scorer,
         churn=float(settings["churn"]), seed=int(settings["seed"]),
         model_name=f"teacher-{Path(policy).name}",
+        # what `harness-gym trace` decodes its traces with: the policy's tokenizer
+        tokenizer_source=policy if policy in ("tiny", "smollm2") else str(Path(policy).resolve()),
     )
 
 
