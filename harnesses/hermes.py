@@ -19,6 +19,10 @@ Measured with 0.19.0 (tests/test_harness_hermes.py; shapes in tests/fixtures/her
   (`{"output": "", "exit_code": 0, "error": null}`).
 - Offline: `HERMES_DISABLE_LAZY_INSTALLS=1` (else it pip-installs optional tool dependencies at
   start). Under strace it connects to nothing but the base URL.
+- Tools: left to its defaults, Hermes adds toolsets whose dependencies it finds on the host
+  (with `chromium` on PATH, 13 `browser_*` tools), so the same task would get another prompt on
+  another machine. `platform_toolsets.cli` pins the 16 tools measured without them (an explicit
+  list of its configurable toolset keys is authoritative in `hermes_cli/tools_config.py`).
 - `-z PROMPT` prints only the final answer on stdout; it reports no tool-call count. A failed
   model call (after 3 tries, ~10 s) also exits 0, its error printed in the answer's place:
   `API call failed after 3 retries: HTTP 404: ...`; `parse_output` returns that as `error`.
@@ -31,6 +35,11 @@ import json
 from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
 
 _FAILED_CALL = "API call failed"
+
+
+# The toolsets `hermes -z` enables by default on a host without optional tools (0.19.0).
+TOOLSETS = ("clarify", "code_execution", "delegation", "file", "memory", "session_search",
+            "skills", "terminal", "todo", "vision")
 
 
 class HermesHarness(HarnessSpec):
@@ -55,7 +64,8 @@ class HermesHarness(HarnessSpec):
             "default": endpoint.model,
             "context_length": endpoint.context_length,
         }
-        lines = ["model:", *(f"  {key}: {json.dumps(value)}" for key, value in model.items())]
+        lines = ["model:", *(f"  {key}: {json.dumps(value)}" for key, value in model.items()),
+                 "platform_toolsets:", f"  cli: {json.dumps(list(TOOLSETS))}"]
         return {".hermes/config.yaml": "\n".join(lines) + "\n"}
 
     def parse_output(self, stdout: str) -> HarnessOutput:

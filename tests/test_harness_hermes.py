@@ -85,6 +85,8 @@ def test_hermes_runs_an_episode_against_a_scripted_openai_server(
     recorded = [_portable(r, box, cache) for r in server.chat_requests()]
     if os.environ.get("HARNESS_GYM_UPDATE_FIXTURES"):
         FIXTURE.write_text(json.dumps(recorded, indent=2) + "\n")
+    # The same 16 tools on every host: the config pins Hermes' toolsets (with `chromium` on PATH
+    # its defaults would add 13 browser tools).
     assert chat_shape(recorded) == chat_shape(json.loads(FIXTURE.read_text()))
 
 
@@ -126,6 +128,9 @@ def test_the_config_points_hermes_at_the_endpoint() -> None:
         '  api_key: "se:ss #1"\n'
         '  default: "m"\n'
         "  context_length: 1000\n"
+        "platform_toolsets:\n"
+        '  cli: ["clarify", "code_execution", "delegation", "file", "memory", "session_search", '
+        '"skills", "terminal", "todo", "vision"]\n'
     )
 
 
