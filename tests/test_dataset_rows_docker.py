@@ -265,7 +265,7 @@ def test_a_pi_episode_on_a_dataset_row_runs_in_the_rows_image(
     from harness_gym.harness import load_harness
 
     if not load_harness("pi").is_installed():
-        pytest.skip("Pi is not installed in the harness cache (harness-gym install pi)")
+        pytest.skip("Pi is not installed in the harness cache (`harness-gym harnesses --install`)")
     info = _episode(row_jsonl, engine)
     assert info["outcome"] == outcome, (
         info["error"],

@@ -154,7 +154,7 @@ def test_a_closed_sandbox_refuses_new_commands() -> None:
 @pytest.mark.timeout(600)
 def test_a_pi_episode_with_the_oracle_passes_inside_bwrap() -> None:
     if not load_harness("pi").is_installed():
-        pytest.skip("Pi is not installed in the harness cache (harness-gym install pi)")
+        pytest.skip("Pi is not installed in the harness cache (`harness-gym harnesses --install`)")
     env = gymnasium.make("HarnessSWE-v0", harness="pi", engine="oracle", sandbox="bwrap")
     try:
         env.reset(seed=0)

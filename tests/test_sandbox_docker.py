@@ -233,7 +233,7 @@ def test_a_pi_episode_with_the_oracle_passes_inside_docker() -> None:
 
     pi = load_harness("pi")
     if not pi.is_installed():
-        pytest.skip("Pi is not installed in the harness cache (harness-gym install pi)")
+        pytest.skip("Pi is not installed in the harness cache (`harness-gym harnesses --install`)")
     task = load_tasks("builtin")[0]
     proxy = InterceptionProxy(load_engine("oracle")).start()
     proxy.engine.on_episode_start(task)
