@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -37,35 +41,66 @@ def _run(args: argparse.Namespace) -> int:
     env = HarnessSWEEnv(
         harness=args.harness, tasks=args.tasks, engine=args.engine, sandbox=args.sandbox,
         episode_timeout_s=args.episode_timeout, test_timeout_s=args.test_timeout,
-        sampling=sampling, progress=True,
+        sampling=sampling, progress=not args.quiet,
     )
     try:
-        if not args.quiet:
-            print(f"loading engine {args.engine!r} and harness {args.harness!r}...", flush=True)
+        _start_env(env, args)
         summary = run_episodes(env, episodes=args.episodes, out_dir=Path(args.out),
-                               task_ids=args.task_id or (), seed=args.seed)
+                               task_ids=args.task_id or (), seed=args.seed,
+                               progress=not args.quiet)
     finally:
         env.close()
-    for record in summary.episodes:
-        print(f"  {record['task_id']}: outcome={record['outcome']} reward={record['reward']:.3f} "
-              f"llm_calls={record['n_llm_calls']} tool_calls={record['n_tool_calls']} "
-              f"segments={len(record['trace'])}")
     print(summary.describe())
-    print(f"traces written to {summary.path.resolve()}")
+    shown = _shown_path(summary.path)
+    print(f"traces written to {shown}")
+    print(f"next: harness-gym trace {shlex.quote(shown)} --html trace.html   "
+          "(then open trace.html in a browser)")
     return 0
+
+
+def _start_env(env: Any, args: argparse.Namespace) -> None:
+    """Load the engine, start the proxy and install the harness, saying what takes the time
+    (a first SmolLM2 load converts its weights: about a minute on two cores)."""
+    say = (lambda message: None) if args.quiet else _status
+    say(f"loading engine {args.engine!r} and harness {args.harness!r}...")
+    started = time.monotonic()
+    if args.engine == "smollm2":
+        from .engines.smollm2 import smollm2_is_converted
+
+        if not smollm2_is_converted():
+            say("first run: converting SmolLM2-135M's GGUF weights to safetensors (once, ~1 min)")
+    env.proxy  # noqa: B018  # starts the engine, the proxy and the harness install
+    say(f"ready in {time.monotonic() - started:.0f} s; the episode's model calls show below")
+
+
+def _shown_path(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it (a shorter command)."""
+    relative = os.path.relpath(path.resolve())
+    return path.resolve().as_posix() if relative.startswith("..") else relative
+
+
+def _status(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _trace(args: argparse.Namespace) -> int:
     from . import trace_view
 
-    episodes = trace_view.select(trace_view.load_episodes(args.file), args.episode)
-    tokenizer = trace_view.load_tokenizer(args.tokenizer)
+    paths = [Path(f) for f in args.files] or [trace_view.newest_run(args.runs)]
+    if not args.files:
+        _status(f"showing the newest run: {_shown_path(paths[0])}")
+    episodes = trace_view.select(trace_view.load_runs(paths), args.episode)
+    tokenizers = trace_view.Tokenizers(override=args.tokenizer,
+                                       warn=lambda note: _status(f"note: {note}"))
     if args.html:
-        page = trace_view.render_html(episodes, tokenizer, title=Path(args.file).name)
-        Path(args.html).write_text(page)
-        print(f"wrote {Path(args.html).resolve()}")
+        from .trace_page import render_html
+
+        title = paths[0].name if len(paths) == 1 else f"{len(paths)} runs"
+        Path(args.html).write_text(render_html(episodes, tokenizers, title=title))
+        print(f"wrote {_shown_path(Path(args.html))} ({len(episodes)} episodes); "
+              "open it in a browser")
     else:
-        trace_view.print_terminal(episodes, tokenizer, show_prompt=args.prompt)
+        trace_view.print_terminal(episodes, tokenizers, show_prompt=args.prompt)
     return 0
 
 
@@ -127,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="harness-gym",
         description="Run coding-agent CLIs as RL environments, with token-faithful traces.",
     )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    # Also accepted after the subcommand; SUPPRESS keeps it from resetting the global one.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the interception proxy on its own")
@@ -137,27 +177,34 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     harnesses = commands.add_parser(
-        "harnesses", help="list the registered harness CLIs, their versions, what is installed")
+        "harnesses", parents=[common], help="list the registered harness CLIs, their versions, what is installed")
     harnesses.add_argument("--install", action="store_true",
                            help="install every registered harness into the shared cache")
     harnesses.set_defaults(handler=_harnesses)
 
-    run = commands.add_parser("run", help="run episodes and write their traces")
+    run = commands.add_parser("run", parents=[common], help="run episodes and write their traces")
     _add_run_options(run)
     run.set_defaults(handler=_run)
 
     demo = commands.add_parser(
-        "demo", help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
+        "demo", parents=[common], help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
     _add_run_options(demo, demo=True)
     demo.set_defaults(handler=_demo)
 
-    trace = commands.add_parser("trace", help="show a recorded trace (runs JSONL or Parquet)")
-    trace.add_argument("file", help="a runs JSONL from `harness-gym run`, or RecordTraces Parquet")
-    trace.add_argument("--episode", type=int, default=None, help="only this episode (default: all)")
+    trace = commands.add_parser(
+        "trace", parents=[common], help="show recorded traces (runs JSONL or Parquet)")
+    trace.add_argument("files", nargs="*", metavar="FILE",
+                       help="runs JSONL from `harness-gym run` or RecordTraces Parquet "
+                            "(default: the newest in --runs)")
+    trace.add_argument("--runs", default="runs", metavar="DIR",
+                       help="where to look for the newest run when no FILE is given")
+    trace.add_argument("--episode", type=int, default=None,
+                       help="only this episode (numbered across the files; default: all)")
     trace.add_argument("--html", default=None, metavar="OUT.html",
                        help="write a self-contained HTML page instead of printing")
-    trace.add_argument("--tokenizer", default="tiny",
-                       help="to decode with: tiny (default), smollm2, or a tokenizer directory")
+    trace.add_argument("--tokenizer", default=None,
+                       help="decode with this instead of each episode's own: tiny, smollm2, "
+                            "or a tokenizer directory")
     trace.add_argument("--prompt", action="store_true", help="print each segment's prompt too")
     trace.set_defaults(handler=_trace)
 
@@ -169,7 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        _status("harness-gym: interrupted")
+        return 130
+    except Exception as exc:
+        if args.debug or not isinstance(exc, user_errors()):
+            raise
+        _status(f"harness-gym: error: {exc} (--debug shows the traceback)")
+        return 2
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """What a user's input can cause (a misspelt name, a missing file, an extra not installed):
+    reported in one line. Anything else is a bug, and keeps its traceback."""
+    from .harness import HarnessError
+    from .sandbox import SandboxError
+    from .tasks.log_parsers import UnknownLogParserError
+
+    return (ValueError, OSError, ImportError, HarnessError, SandboxError, UnknownLogParserError)
 
 
 if __name__ == "__main__":

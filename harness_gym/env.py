@@ -52,6 +52,7 @@ from .config import EpisodeConfig, EpisodeConfigError
 from .engines import Engine
 from .episode import EpisodeRequest, EpisodeResult, EpisodeStack
 from .harness import HarnessSpec
+from .proxy import InterceptionProxy
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
 
@@ -117,6 +118,14 @@ class HarnessSWEEnv(gym.Env[str, dict]):
     @property
     def engine(self) -> Engine:
         return self._start().engine
+
+    @property
+    def proxy(self) -> InterceptionProxy:
+        """The interception proxy the episodes' CLIs talk to (its settings take an observer
+        of every model call, `on_progress`)."""
+        proxy = self._start().proxy
+        assert proxy is not None  # a started stack has its proxy
+        return proxy
 
     def close(self) -> None:
         stack, self._stack = self._stack, None

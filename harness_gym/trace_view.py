@@ -1,27 +1,30 @@
-"""Reading a recorded trace as text: `harness-gym trace FILE [--episode N] [--html OUT.html]`.
+"""Reading recorded traces as text: `harness-gym trace [FILE ...] [--episode N] [--html OUT]`.
 
 A trace is token ids; to check what a policy was trained on, a person needs the words, and needs
 to see which of them the model sampled (loss_mask 1, coloured by their logprob: p_old) and which
-the proxy inserted (tool results, user turns: loss_mask 0, dimmed). FILE is a run's JSON Lines
-(`harness-gym run`, one episode a line) or a Parquet file from `wrappers.RecordTraces`.
+the proxy inserted (tool results, user turns: loss_mask 0, dimmed). A FILE is a run's JSON Lines
+(`harness-gym run`, one episode a line) or a Parquet file from `wrappers.RecordTraces`; with no
+FILE, the newest run in `runs/`.
 
-Tokens are decoded one by one, so a character split across byte-level tokens shows as `�` in
-the coloured view; the counts and ids are exact.
+Ids are decoded with the tokenizer the episode records (`info["tokenizer"]`, a spec such as
+`tiny` or a local directory): SmolLM2's ids read through the tiny tokenizer are gibberish.
+Sampled tokens are decoded incrementally, so a character split across byte-level tokens shows
+on the token that completes it; the counts and ids are exact.
 
->>> episodes = load_episodes("runs/episodes-20260101-120000.jsonl")  # doctest: +SKIP
->>> html = render_html(episodes, load_tokenizer("tiny"))              # doctest: +SKIP
+>>> episodes = load_runs(["runs/episodes-20260101-120000.jsonl"])  # doctest: +SKIP
+>>> print_terminal(episodes, Tokenizers())                         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .proxy.detokenize import IncrementalDetokenizer
 from .trace import normalize_segment
 
 # p_old buckets for colouring sampled tokens: (lower bound on p, css class, terminal style).
@@ -30,6 +33,25 @@ LOGPROB_BUCKETS = (
     (0.1, "lp-mid", "yellow"),
     (0.0, "lp-low", "red"),
 )
+FALLBACK_TOKENIZER = "tiny"
+RUN_PATTERNS = ("episodes-*.jsonl", "*.parquet")
+
+
+class TraceFileError(ValueError):
+    """A trace file (or the runs folder) cannot be read: missing, empty, or not a trace."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One recorded episode: `number` is its position among all the files shown."""
+
+    number: int
+    source: Path
+    data: dict[str, Any]
+
+    @property
+    def segments(self) -> list[dict[str, Any]]:
+        return list(self.data.get("trace") or [])
 
 
 @dataclass(frozen=True)
@@ -39,6 +61,21 @@ class Span:
     sampled: bool
     token_ids: list[int]
     logprobs: list[float]
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def newest_run(directory: str | Path = "runs") -> Path:
+    """The most recently written trace file in `directory` (what `run`/`demo` just wrote)."""
+    directory = Path(directory)
+    found = [p for pattern in RUN_PATTERNS for p in directory.glob(pattern) if p.is_file()]
+    if not found:
+        raise TraceFileError(
+            f"no trace files in {directory}/: run `harness-gym demo` or `harness-gym run` first, "
+            "or name a file"
+        )
+    return max(found, key=lambda p: (p.stat().st_mtime, p.name))
 
 
 def load_episodes(path: str | Path) -> list[dict[str, Any]]:
@@ -51,6 +88,8 @@ def load_episodes(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _read_episodes(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise TraceFileError(f"no trace file at {path}")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -63,12 +102,32 @@ def _read_episodes(path: Path) -> list[dict[str, Any]]:
             try:
                 episodes.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number} is not a JSON line: {exc}") from None
+                raise TraceFileError(f"{path}:{number} is not a JSON line: {exc}") from None
     return episodes
 
 
+def load_runs(paths: Sequence[str | Path]) -> list[Episode]:
+    """Every episode of every file, numbered in order across the files."""
+    loaded = [(Path(p), e) for p in paths for e in load_episodes(p)]
+    return [Episode(n, source, data) for n, (source, data) in enumerate(loaded)]
+
+
+def select(episodes: Sequence[Episode], number: int | None) -> list[Episode]:
+    if number is None:
+        return list(episodes)
+    chosen = [e for e in episodes if e.number == number]
+    if not chosen:
+        raise TraceFileError(
+            f"no episode {number}: the files hold {len(episodes)} episodes (0-{len(episodes) - 1})"
+        )
+    return chosen
+
+
+# --- tokenizers -----------------------------------------------------------------------------
+
+
 def load_tokenizer(spec: str = "tiny") -> Any:
-    """`tiny`, `smollm2`, or a local tokenizer/model directory."""
+    """`tiny`, `smollm2`, `hf:PATH`, or a local tokenizer/model directory."""
     if spec == "tiny":
         from .engines.tiny import load_tiny_tokenizer
 
@@ -79,9 +138,75 @@ def load_tokenizer(spec: str = "tiny") -> Any:
         from .engines.smollm2 import smollm2_model_dir
 
         spec = str(smollm2_model_dir())
-    if not Path(spec).expanduser().is_dir():
-        raise FileNotFoundError(f"no tokenizer directory at {spec} (or use 'tiny', 'smollm2')")
-    return AutoTokenizer.from_pretrained(Path(spec).expanduser(), local_files_only=True)
+    path = Path(spec.removeprefix("hf:")).expanduser()
+    if not path.is_dir():
+        raise TraceFileError(f"no tokenizer directory at {path} (or use 'tiny', 'smollm2')")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+@dataclass
+class Tokenizers:
+    """Each episode's own tokenizer, loaded once per spec.
+
+    `override` (`--tokenizer`) wins; else the spec the episode records; an episode that records
+    none (written before harness-gym recorded it), or whose tokenizer cannot be loaded here, is
+    decoded with `tiny` and the reason goes to `warn` and into `notes`.
+    """
+
+    override: str | None = None
+    warn: Callable[[str], None] = lambda message: None
+    notes: dict[int, str] = field(default_factory=dict)  # episode number -> fallback reason
+    _loaded: dict[str, Any] = field(default_factory=dict)
+
+    def spec_for(self, episode: Episode) -> str | None:
+        if self.override:
+            return self.override
+        recorded = episode.data.get("tokenizer")
+        return str(recorded) if recorded else None
+
+    def for_episode(self, episode: Episode) -> Any:
+        spec = self.spec_for(episode)
+        if spec is None:
+            return self._fallback(episode, "records no tokenizer (written by an older harness-gym)")
+        try:
+            return self._load(spec)
+        except (OSError, ValueError, ImportError) as exc:
+            if self.override:
+                raise
+            return self._fallback(episode, f"has tokenizer {spec!r}, which cannot be loaded "
+                                           f"here ({exc})")
+
+    def _fallback(self, episode: Episode, reason: str) -> Any:
+        note = (f"episode {episode.number} {reason}: decoded with {FALLBACK_TOKENIZER!r}, "
+                "which is gibberish for another model's ids; pass --tokenizer SPEC")
+        if episode.number not in self.notes:
+            self.notes[episode.number] = note
+            self.warn(note)
+        return self._load(FALLBACK_TOKENIZER)
+
+    def _load(self, spec: str) -> Any:
+        if spec not in self._loaded:
+            self._loaded[spec] = load_tokenizer(spec)
+        return self._loaded[spec]
+
+
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False,
+                            clean_up_tokenization_spaces=False)
+
+
+def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text each token adds, decoded as the proxy streams it: the pieces join to the span's
+    text, and a character split across byte-level tokens appears whole on the token that
+    completes it (the tokens before it show nothing)."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+    pieces = [detokenizer.push([token]) for token in ids]
+    if pieces:
+        pieces[-1] += detokenizer.flush()
+    return pieces
+
+
+# --- segments -------------------------------------------------------------------------------
 
 
 def response_spans(segment: dict[str, Any]) -> Iterator[Span]:
@@ -94,21 +219,28 @@ def response_spans(segment: dict[str, Any]) -> Iterator[Span]:
             start = end
 
 
+def policy_versions(segment: dict[str, Any]) -> str:
+    versions = segment.get("policy_versions") or [segment.get("policy_version", 0)]
+    return str(versions[0]) if len(set(versions)) == 1 else f"{min(versions)}..{max(versions)}"
+
+
 def segment_summary(index: int, segment: dict[str, Any]) -> str:
     sampled = sum(1 for m in segment["loss_mask"] if m)
     versions = segment.get("policy_versions") or [segment.get("policy_version", 0)]
-    shown = str(versions[0]) if len(set(versions)) == 1 else f"{min(versions)}..{max(versions)}"
     flags = " incomplete" if segment.get("incomplete") else ""
-    return (f"segment {index}: role={segment['role']} policy_version={shown} "
+    return (f"segment {index}: role={segment['role']} policy_version={policy_versions(segment)} "
             f"calls={segment.get('n_calls', len(versions))} prompt={len(segment['prompt_ids'])} "
             f"response={len(segment['response_ids'])} (sampled {sampled}, "
             f"inserted {len(segment['response_ids']) - sampled}){flags}")
 
 
-def episode_summary(index: int, episode: dict[str, Any]) -> str:
-    fields = [f"{k}={episode[k]}" for k in ("task_id", "harness", "outcome", "reward",
-                                             "n_llm_calls", "n_tool_calls") if k in episode]
-    return f"episode {episode.get('episode', index)}: " + " ".join(fields)
+EPISODE_FIELDS = ("task_id", "harness", "model", "outcome", "reward", "n_llm_calls",
+                  "n_tool_calls")
+
+
+def episode_summary(episode: Episode) -> str:
+    fields = [f"{k}={episode.data[k]}" for k in EPISODE_FIELDS if k in episode.data]
+    return f"episode {episode.number}: " + " ".join(fields)
 
 
 def logprob_bucket(logprob: float) -> tuple[str, str]:
@@ -116,91 +248,30 @@ def logprob_bucket(logprob: float) -> tuple[str, str]:
     return next((css, style) for floor, css, style in LOGPROB_BUCKETS if p >= floor)
 
 
-def select(episodes: Sequence[dict[str, Any]], episode: int | None) -> list[tuple[int, dict]]:
-    indexed = list(enumerate(episodes))
-    if episode is None:
-        return indexed
-    chosen = [(i, e) for i, e in indexed if e.get("episode", i) == episode]
-    if not chosen:
-        raise ValueError(f"no episode {episode}: the file holds {len(episodes)} episodes")
-    return chosen
+# --- terminal -------------------------------------------------------------------------------
 
 
-def print_terminal(episodes: Sequence[tuple[int, dict]], tokenizer: Any, *,
+def print_terminal(episodes: Sequence[Episode], tokenizers: Tokenizers, *,
                    show_prompt: bool = False, console: Any = None) -> None:
     """Print with rich: inserted tokens dim, sampled tokens green/yellow/red by p_old."""
     from rich.console import Console
     from rich.text import Text
 
     console = console or Console(highlight=False)
-    for index, episode in episodes:
-        console.print(Text(episode_summary(index, episode), style="bold"))
-        for s, segment in enumerate(episode.get("trace") or []):
+    for episode in episodes:
+        tokenizer = tokenizers.for_episode(episode)
+        console.print(Text(episode_summary(episode), style="bold"))
+        for s, segment in enumerate(episode.segments):
             console.print(Text(segment_summary(s, segment), style="bold cyan"))
             text = Text()
             if show_prompt:
-                text.append(_decode(tokenizer, segment["prompt_ids"]), style="dim italic")
+                text.append(decode(tokenizer, segment["prompt_ids"]), style="dim italic")
             for span in response_spans(segment):
                 if not span.sampled:
-                    text.append(_decode(tokenizer, span.token_ids), style="dim")
+                    text.append(decode(tokenizer, span.token_ids), style="dim")
                     continue
-                for token, logprob in zip(span.token_ids, span.logprobs):
-                    text.append(_decode(tokenizer, [token]), style=logprob_bucket(logprob)[1])
+                pieces = token_pieces(tokenizer, span.token_ids)
+                for piece, logprob in zip(pieces, span.logprobs):
+                    text.append(piece, style=logprob_bucket(logprob)[1])
             console.print(text)
             console.print()
-
-
-def render_html(episodes: Sequence[tuple[int, dict]], tokenizer: Any, *,
-                title: str = "harness-gym trace") -> str:
-    """A self-contained HTML page: `span.inserted` (mask 0) dimmed, `span.sampled` tokens with
-    an `lp-*` class by p_old and the exact logprob and id in their tooltip."""
-    body = []
-    for index, episode in episodes:
-        body.append(f"<h2>{html.escape(episode_summary(index, episode))}</h2>")
-        for s, segment in enumerate(episode.get("trace") or []):
-            body.append(f'<section class="segment role-{html.escape(segment["role"])}">')
-            body.append(f"<h3>{html.escape(segment_summary(s, segment))}</h3>")
-            prompt = html.escape(_decode(tokenizer, segment["prompt_ids"]))
-            body.append(f'<details><summary>prompt ({len(segment["prompt_ids"])} tokens)'
-                        f'</summary><pre class="prompt">{prompt}</pre></details>')
-            body.append('<pre class="response">')
-            for span in response_spans(segment):
-                if not span.sampled:
-                    text = html.escape(_decode(tokenizer, span.token_ids))
-                    body.append(f'<span class="inserted" title="inserted by the proxy, '
-                                f'{len(span.token_ids)} tokens, loss_mask 0">{text}</span>')
-                    continue
-                for token, logprob in zip(span.token_ids, span.logprobs):
-                    css = logprob_bucket(logprob)[0]
-                    text = html.escape(_decode(tokenizer, [token]))
-                    body.append(f'<span class="sampled {css}" '
-                                f'title="id {token} logprob {logprob:.4f}">{text}</span>')
-            body.append("</pre></section>")
-    return _PAGE.format(title=html.escape(title), body="\n".join(body))
-
-
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=False)
-
-
-_PAGE = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; }}
-pre {{ white-space: pre-wrap; font-family: ui-monospace, monospace; line-height: 1.5; }}
-.prompt, .inserted {{ color: #888; }}
-.inserted {{ background: #f3f3f3; }}
-.sampled.lp-high {{ background: #c8f0c8; }}
-.sampled.lp-mid {{ background: #f5e6a8; }}
-.sampled.lp-low {{ background: #f5c0c0; }}
-.segment {{ border-top: 1px solid #ccc; margin-top: 1em; }}
-.legend span {{ padding: 0 .4em; margin-right: .5em; }}
-</style></head><body>
-<h1>{title}</h1>
-<p class="legend"><span class="inserted">inserted (loss_mask 0)</span>
-<span class="sampled lp-high">sampled, p &ge; 0.5</span>
-<span class="sampled lp-mid">0.1 &le; p &lt; 0.5</span>
-<span class="sampled lp-low">p &lt; 0.1</span></p>
-{body}
-</body></html>
-"""

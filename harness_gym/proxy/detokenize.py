@@ -13,15 +13,16 @@ from typing import Any
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(
-            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ids, skip_special_tokens=self._skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
     def push(self, token_ids: Sequence[int]) -> str:

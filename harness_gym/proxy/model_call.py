@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -46,6 +46,18 @@ class KeepAlive:
     """Nothing sampled yet (long prefill): a streaming answer sends a ping."""
 
 
+@dataclass(frozen=True)
+class CallProgress:
+    """Where one model call stands, for `ProxySettings.on_progress` (a live progress display).
+
+    Reported when the call starts sampling (0 tokens), after each chunk, and once finished."""
+
+    session_id: str
+    prompt_tokens: int
+    completion_tokens: int  # sampled so far
+    finished: bool
+
+
 @dataclass
 class ProxySettings:
     default_max_tokens: int = 4096
@@ -55,6 +67,8 @@ class ProxySettings:
     keepalive_s: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024  # 413 above this
     max_calls_in_flight_per_session: int = 16  # 429 above this: a runaway client, not an agent
+    # Observer of every call's progress; runs on the proxy's event loop, so it must be quick.
+    on_progress: Callable[[CallProgress], None] | None = None
 
 
 class PreparedCall:
@@ -69,6 +83,7 @@ class PreparedCall:
         started: float,
         keepalive_s: float,
         context: RequestContext,
+        on_progress: Callable[[CallProgress], None] | None = None,
     ) -> None:
         self.session = session
         self.engine = engine
@@ -79,6 +94,7 @@ class PreparedCall:
         self._consumed = False
         self._started = started
         self._keepalive_s = keepalive_s
+        self._on_progress = on_progress
         self.completion = Completion(policy_version=engine.version_for(context))
 
     @property
@@ -96,6 +112,7 @@ class PreparedCall:
         finish = None
         stop_hit = None
         try:
+            self._report(finished=False)  # before the prefill ends: the call has started
             while not self._first.done():
                 await asyncio.wait({self._first}, timeout=self._keepalive_s)
                 if not self._first.done():
@@ -104,6 +121,7 @@ class PreparedCall:
             self._take_server_version()
             while chunk is not None:
                 self.completion.add(chunk)
+                self._report(finished=False)
                 text = detokenizer.push(chunk.token_ids)
                 if chunk.finish_reason is not None:
                     text += detokenizer.flush()
@@ -127,6 +145,7 @@ class PreparedCall:
             self._first.cancel()
             self.completion.finish_reason = "abort"
             self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
+            self._report(finished=True)
             raise
         finally:
             # Shielded: when the client went away this runs inside a cancelled scope, and the
@@ -142,6 +161,7 @@ class PreparedCall:
             finish_reason="tool_calls" if tool_calls and reason == "stop" else reason,
         )
         self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
+        self._report(finished=True)
         yield CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids), stop_hit)
 
     async def run(self) -> CallFinished:
@@ -169,6 +189,13 @@ class PreparedCall:
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started
+
+    def _report(self, *, finished: bool) -> None:
+        if self._on_progress is not None:
+            self._on_progress(CallProgress(
+                self.session.session_id, self.prompt_tokens, len(self.completion.token_ids),
+                finished,
+            ))
 
 
 async def prepare_call(
@@ -202,7 +229,8 @@ async def prepare_call(
                 await stream.aclose()
             raise
     return PreparedCall(
-        session, engine, request, plan, stream, first, started, settings.keepalive_s, context
+        session, engine, request, plan, stream, first, started, settings.keepalive_s, context,
+        settings.on_progress,
     )
 
 
