@@ -45,6 +45,16 @@ def render_html(episodes: Sequence[Episode], tokenizers: Tokenizers, *,
     )
 
 
+def render_inline(episodes: Sequence[Episode], tokenizers: Tokenizers, *,
+                  title: str = "harness-gym trace", height_px: int = 520) -> str:
+    """The page in an `<iframe srcdoc>`, for a notebook cell (`IPython.display.HTML`): its
+    styles and hover script stay inside the frame instead of restyling the notebook."""
+    page = render_html(episodes, tokenizers, title=title)
+    return (f'<div class="harness-gym-trace"><iframe srcdoc="{html.escape(page, quote=True)}" '
+            f'sandbox="allow-scripts" style="width: 100%; height: {height_px}px; '
+            'border: 1px solid #ddd"></iframe></div>')
+
+
 def _index_html(episodes: Sequence[Episode]) -> str:
     rows = []
     for episode in episodes:
@@ -62,7 +72,7 @@ def _index_html(episodes: Sequence[Episode]) -> str:
             f'<td class="num">{_e(d.get("n_tool_calls", ""))}</td>'
             f'<td class="num">{len(episode.segments)}</td>'
             f'<td class="num">{sampled}</td>'
-            f'<td class="src">{_e(episode.source.name)}</td></tr>'
+            f'<td class="src">{_e(_source(episode))}</td></tr>'
         )
     return (
         '<table class="index"><thead><tr><th>#</th><th>task</th><th>harness</th>'
@@ -79,7 +89,7 @@ def _episode_html(episode: Episode, tokenizers: Tokenizers) -> str:
     facts = [("model", d.get("model")), ("tokenizer", tokenizers.spec_for(episode)),
              ("reward", d.get("reward")), ("LLM calls", d.get("n_llm_calls")),
              ("tool calls", d.get("n_tool_calls")), ("duration", _seconds(d.get("duration_s"))),
-             ("file", episode.source.name)]
+             ("file", _source(episode) or None)]
     parts = [
         f'<section class="episode" id="episode-{episode.number}">',
         f'<h2>episode {episode.number} <span class="task">{_e(d.get("task_id", "?"))}</span> '
@@ -161,6 +171,10 @@ def _sampled_html(span: Any, pieces: list[str], special: set[int]) -> str:
     if inside:
         out.append("</span>")
     return "".join(out)
+
+
+def _source(episode: Episode) -> str:
+    return episode.source.name if episode.source is not None else ""
 
 
 def _seconds(value: Any) -> str | None:

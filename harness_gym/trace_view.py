@@ -43,10 +43,11 @@ class TraceFileError(ValueError):
 
 @dataclass(frozen=True)
 class Episode:
-    """One recorded episode: `number` is its position among all the files shown."""
+    """One recorded episode: `number` is its position among all the files shown; `source` the
+    file it came from (None for an env's `info` in memory)."""
 
     number: int
-    source: Path
+    source: Path | None
     data: dict[str, Any]
 
     @property
@@ -110,6 +111,24 @@ def load_runs(paths: Sequence[str | Path]) -> list[Episode]:
     """Every episode of every file, numbered in order across the files."""
     loaded = [(Path(p), e) for p in paths for e in load_episodes(p)]
     return [Episode(n, source, data) for n, (source, data) in enumerate(loaded)]
+
+
+def episodes_from_infos(infos: dict[str, Any] | Sequence[dict[str, Any]],
+                        rewards: Sequence[float] | None = None) -> list[Episode]:
+    """Episodes from `step()` infos in memory: a list of `info` dicts, or a vector env's infos
+    (a dict of per-env arrays); `rewards` adds each episode's reward."""
+    if isinstance(infos, dict):
+        infos = [_env_info(infos, i) for i in range(len(infos["trace"]))]
+    records = [dict(info) for info in infos]
+    for record, reward in zip(records, rewards if rewards is not None else []):
+        record["reward"] = float(reward)
+    return [Episode(n, None, record) for n, record in enumerate(records)]
+
+
+def _env_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
+    """Env `i`'s info from a vector env's (nested dicts of per-env arrays; `_key` masks out)."""
+    return {k: _env_info(v, i) if isinstance(v, dict) else v[i]
+            for k, v in infos.items() if not k.startswith("_")}
 
 
 def select(episodes: Sequence[Episode], number: int | None) -> list[Episode]:
