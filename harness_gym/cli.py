@@ -70,7 +70,7 @@ def _start_env(env: Any, args: argparse.Namespace) -> None:
         if not smollm2_is_converted():
             say("first run: converting SmolLM2-135M's GGUF weights to safetensors (once, ~1 min)")
     env.proxy  # noqa: B018  # starts the engine, the proxy and the harness install
-    say(f"ready in {time.monotonic() - started:.0f} s; the episode's model calls show below")
+    say(f"ready in {time.monotonic() - started:.0f} s; model calls show on the progress line")
 
 
 def _shown_path(path: Path) -> str:
@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     harnesses = commands.add_parser(
-        "harnesses", parents=[common], help="list the registered harness CLIs, their versions, what is installed")
+        "harnesses", parents=[common],
+        help="list the registered harness CLIs, their versions, what is installed")
     harnesses.add_argument("--install", action="store_true",
                            help="install every registered harness into the shared cache")
     harnesses.set_defaults(handler=_harnesses)
@@ -187,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     demo = commands.add_parser(
-        "demo", parents=[common], help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
+        "demo", parents=[common],
+        help="one real Pi episode with SmolLM2-135M on the CPU (the embedded defaults)")
     _add_run_options(demo, demo=True)
     demo.set_defaults(handler=_demo)
 

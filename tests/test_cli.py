@@ -114,7 +114,8 @@ def test_a_user_mistake_is_one_line_without_a_traceback(argv, message, tmp_path,
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     [line] = err.strip().splitlines()
-    assert line.startswith("harness-gym: error: ") and line.endswith("(--debug shows the traceback)")
+    assert line.startswith("harness-gym: error: ")
+    assert line.endswith("(--debug shows the traceback)")
 
 
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):

@@ -120,8 +120,10 @@ def test_several_files_are_one_index_numbered_across_them(segments, tmp_path, ca
 def test_with_no_file_the_newest_run_is_shown(segments, tmp_path, capsys):
     runs = tmp_path / "runs"
     runs.mkdir()
-    old = write_run(runs / "episodes-20260101-000000.jsonl", [episode_record(segments, task_id="old")])
-    new = write_run(runs / "episodes-20260102-000000.jsonl", [episode_record(segments, task_id="new")])
+    old = write_run(runs / "episodes-20260101-000000.jsonl",
+                    [episode_record(segments, task_id="old")])
+    new = write_run(runs / "episodes-20260102-000000.jsonl",
+                    [episode_record(segments, task_id="new")])
     os.utime(old, (1_000_000, 1_000_000))
     assert main(["trace", "--runs", str(runs)]) == 0
     captured = capsys.readouterr()
