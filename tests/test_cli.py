@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from harness_gym import plugins
 from harness_gym.cli import build_parser, main
 from harness_gym.proxy import CallProgress, InterceptionProxy, ProxySettings
 from harness_gym.runs import CallMeter
@@ -113,9 +114,12 @@ def test_a_user_mistake_is_one_line_without_a_traceback(argv, message, tmp_path,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-    [line] = err.strip().splitlines()
+    *before, line = err.strip().splitlines()
+    assert all(s.startswith("loading engine ") for s in before)  # at most the status line
     assert line.startswith("harness-gym: error: ")
     assert line.endswith("(--debug shows the traceback)")
+    if "smollm" in argv and hasattr(plugins, "did_you_mean"):  # names are checked with hints
+        assert "did you mean 'smollm2'?" in line
 
 
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
