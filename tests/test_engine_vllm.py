@@ -1,5 +1,5 @@
-"""`VLLMEngine` against real HTTP servers speaking vLLM's completions protocol over the tiny model
-(`support/vllm_wire_server.py`: vLLM itself cannot run on this machine)."""
+"""`VLLMEngine` against real HTTP servers speaking vLLM 0.33's completions protocol over the tiny
+model (`support/vllm_wire_server.py`, a wire-protocol fake: vLLM itself cannot run here)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from support.vllm_wire_server import VLLMWireServer
 from harness_gym.engines import (
     ContextLengthExceeded,
     EngineError,
-    RequestContext,
     SamplingParams,
     load_engine,
 )
-from harness_gym.engines.vllm import HashRing, VLLMEngine
+from harness_gym.engines.vllm import HashRing, VLLMConfigError, VLLMEngine, routed_by
 from harness_gym.proxy import InterceptionProxy
+
+PROCESSED = "processed_logprobs"  # how `trl vllm-serve` starts vLLM
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +32,31 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def servers(tiny):
-    with VLLMWireServer(tiny) as a, VLLMWireServer(tiny) as b:
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED) as a, \
+            VLLMWireServer(tiny, logprobs_mode=PROCESSED) as b:
         yield a, b
 
 
 @pytest.fixture
 def fresh(servers):
     for server in servers:
-        server.served.clear()
-        server.unavailable, server.fail_after_tokens, server.policy_version = False, None, None
+        server.reset()
     return servers
+
+
+@pytest.fixture
+def engines():
+    """Builds engines and closes them (health threads, HTTP clients) after the test."""
+    built: list[VLLMEngine] = []
+
+    def make(*args, **kwargs) -> VLLMEngine:
+        engine = VLLMEngine(*args, **kwargs) if args else load_engine(kwargs.pop("spec"))
+        built.append(engine)
+        return engine
+
+    yield make
+    for engine in built:
+        asyncio.run(engine.aclose())
 
 
 def dead_url() -> str:
@@ -55,29 +71,41 @@ def prompt(engine, text: str) -> list[int]:
 
 
 async def collect(engine, ids, key=None, **sampling):
-    stream = engine.stream(ids, SamplingParams(**{"max_tokens": 8, "seed": 0, **sampling}),
-                           RequestContext(routing_key=key))
+    with routed_by(key):
+        stream = engine.stream(ids, SamplingParams(**{"max_tokens": 8, "seed": 0, **sampling}))
     chunks = [chunk async for chunk in stream]
     return stream, chunks
 
 
+def keys_owned_by(engine: VLLMEngine, url: str, n: int = 1) -> list[str]:
+    keys = [f"s{i}" for i in range(1000) if engine.servers.first_for(f"s{i}") == url]
+    return keys[:n]
+
+
 def keys_per_server(engine: VLLMEngine, per_server: int) -> list[str]:
     """Session ids, `per_server` of them owned by each server (ports are random per run)."""
-    picked: dict[str, list[str]] = {url: [] for url in engine.urls}
-    for i in range(1000):
-        key = f"session-{i}"
-        owned = picked[engine.server_for(key)]
-        if len(owned) < per_server:
-            owned.append(key)
-    return [key for keys in picked.values() for key in keys]
+    return [key for url in engine.urls for key in keys_owned_by(engine, url, per_server)]
 
 
-def test_the_spec_string_builds_the_engine_from_the_servers_model_card(fresh):
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+# --- building the engine -------------------------------------------------------------------
+
+
+def test_the_spec_string_builds_the_engine_from_the_servers_model_card(fresh, engines):
     a, b = fresh
-    engine = load_engine(f"vllm:{a.url},{b.url}/v1?tokenizer=tiny")
-    assert engine.urls == [a.url, b.url]
+    engine = engines(spec=f"vllm:{a.url},{b.url}/v1?tokenizer=tiny&ids_from=echo"
+                          "&health_period=0.5")
+    assert engine.urls == [a.url, b.url] and engine.ids_from == "echo"
     assert engine.model_name == "tiny" and engine.max_context == a.max_model_len
     assert engine.stop_token_ids == (engine.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    assert engine.servers.period_s == 0.5
+    assert engine.logprobs_mode == {a.url: PROCESSED, b.url: PROCESSED}
 
 
 def test_a_server_without_a_local_model_dir_asks_for_the_tokenizer(fresh):
@@ -85,9 +113,37 @@ def test_a_server_without_a_local_model_dir_asks_for_the_tokenizer(fresh):
         load_engine(f"vllm:{fresh[0].url}")
 
 
-def test_each_session_sticks_to_one_server_and_sessions_spread_over_both(fresh):
+def test_a_server_reporting_raw_logprobs_fails_the_engine_at_start(tiny, engines):
+    with VLLMWireServer(tiny) as raw:  # vLLM's default --logprobs-mode
+        with pytest.raises(VLLMConfigError, match="--logprobs-mode processed_logprobs"):
+            VLLMEngine([raw.url], tokenizer="tiny")
+        [probe] = raw.served
+        assert probe.is_probe and probe.body["top_k"] == 1
+        accepted = engines([raw.url], tokenizer="tiny", verify_logprobs=False)
+        assert accepted.logprobs_mode == {} and len(raw.served) == 1  # no probe sent
+
+
+def test_a_raw_server_that_comes_up_later_is_kept_out_of_service(tiny, engines):
+    late = VLLMWireServer(tiny)  # bound, not listening yet
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED) as good:
+        engine = engines([late.url, good.url], tokenizer="tiny", model_name="tiny",
+                         max_context=4096, health_period_s=0.05)
+        assert engine.servers.in_service() == [good.url]
+        with late:
+            asyncio.run(collect(engine, prompt(engine, "hi")))  # starts the health checks
+            wait_for(lambda: late.served)  # the probe
+            time.sleep(0.3)
+            assert engine.servers.in_service() == [good.url]
+            assert "processed logprobs" in engine.servers.status()[late.url]
+            assert engine.logprobs_mode[late.url] == "raw_logprobs"
+
+
+# --- placement -------------------------------------------------------------------------------
+
+
+def test_each_session_sticks_to_one_server_and_sessions_spread_over_both(fresh, engines):
     a, b = fresh
-    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
+    engine = engines([a.url, b.url], tokenizer="tiny")
     sessions = keys_per_server(engine, 2)
 
     async def main():
@@ -95,15 +151,14 @@ def test_each_session_sticks_to_one_server_and_sessions_spread_over_both(fresh):
             for key in sessions:
                 stream, _ = await collect(engine, prompt(engine, f"{key} turn {turn}"), key)
                 assert stream.server == engine.server_for(key)
-        await engine.aclose()
 
     asyncio.run(main())
-    landed = {key: {server.url for server in (a, b) for r in server.served
+    landed = {key: {server.url for server in (a, b) for r in server.calls
                     if f"{key} turn" in engine.tokenizer.decode(r.body["prompt"])}
               for key in sessions}
     assert all(len(urls) == 1 for urls in landed.values())  # both turns on one server
     assert {url for urls in landed.values() for url in urls} == {a.url, b.url}
-    assert len(a.served) == len(b.served) == 4
+    assert len(a.calls) == len(b.calls) == 4
 
 
 def test_the_hash_ring_spreads_keys_and_moves_few_when_a_server_joins():
@@ -116,47 +171,153 @@ def test_the_hash_ring_spreads_keys_and_moves_few_when_a_server_joins():
     assert all(three.order(f"k{i}")[0] in (two.order(f"k{i}")[0], 2) for i in range(2000))
 
 
-def test_streamed_token_ids_and_logprobs_are_exactly_what_the_server_sent(fresh):
+# --- what goes over the wire -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ids_from", ["logprobs", "echo"])
+def test_streamed_token_ids_and_logprobs_are_exactly_what_the_server_sent(fresh, engines,
+                                                                          ids_from):
     a, _ = fresh
-    engine = VLLMEngine([a.url], tokenizer="tiny")
+    engine = engines([a.url], tokenizer="tiny", ids_from=ids_from)
     _, chunks = asyncio.run(collect(engine, prompt(engine, "hello"), max_tokens=12))
     assert len(chunks) > 1  # streamed, not one buffered answer
-    [served] = a.served
+    [served] = a.calls
     assert [t for c in chunks for t in c.token_ids] == served.token_ids
     assert [x for c in chunks for x in c.logprobs] == served.logprobs  # bit-exact through JSON
     assert chunks[-1].finish_reason == served.finish_reason == "length"
     body = served.body
     assert body["prompt"] == prompt(engine, "hello")
-    assert body["return_token_ids"] is True and body["logprobs"] == 0 and body["stream"] is True
-    assert body["top_k"] == -1 and body["seed"] == 0 and body["max_tokens"] == 12
-    assert body["skip_special_tokens"] is False and body["include_stop_str_in_output"] is True
+    assert body["logprobs"] == 0 and body["stream"] is True and body["seed"] == 0
+    assert body["top_k"] == 0 and body["max_tokens"] == 12
     assert set(engine.stop_token_ids) <= set(body["stop_token_ids"])
+    echoed = [c["choices"][0]["prompt_token_ids"] for c in served.chunks]
+    if ids_from == "logprobs":
+        assert body["return_tokens_as_token_ids"] is True and "return_token_ids" not in body
+        assert echoed == [None] * len(served.chunks)  # the prompt never comes back
+    else:
+        assert body["return_token_ids"] is True
+        assert echoed[0] == body["prompt"] and echoed[1:] == [None] * (len(echoed) - 1)
 
 
-def test_a_refused_connection_fails_over_to_the_next_server_on_the_ring(fresh):
+def test_both_ways_of_reading_ids_record_the_same_tokens(fresh, engines):
     a, _ = fresh
-    engine = VLLMEngine([dead_url(), a.url], tokenizer="tiny", model_name="tiny",
-                        max_context=4096)
-    key = next(k for k in (f"s{i}" for i in range(100)) if engine.server_for(k) != a.url)
+    no_echo = engines([a.url], tokenizer="tiny")
+    echo = engines([a.url], tokenizer="tiny", ids_from="echo")
+    ids = prompt(echo, "same seed")
+    _, by_logprobs = asyncio.run(collect(no_echo, ids, max_tokens=16, temperature=0.8))
+    _, by_echo = asyncio.run(collect(echo, ids, max_tokens=16, temperature=0.8))
+    flat = lambda chunks, f: [x for c in chunks for x in getattr(c, f)]  # noqa: E731
+    assert flat(by_logprobs, "token_ids") == flat(by_echo, "token_ids")
+    assert flat(by_logprobs, "logprobs") == flat(by_echo, "logprobs")
+
+
+def test_the_model_config_penalties_never_reach_the_sampler(tiny, engines):
+    # Qwen2.5-Instruct's generation_config.json; vLLM fills whatever a request leaves out.
+    qwen = {"repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+            "presence_penalty": 1.5, "frequency_penalty": 0.3, "min_p": 0.05,
+            "skip_special_tokens": True}
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED, generation_config=qwen) as server:
+        engine = engines([server.url], tokenizer="tiny")
+        asyncio.run(collect(engine, prompt(engine, "hi"), temperature=1.0))
+        for request in server.served:  # the probe too
+            effective = request.effective
+            assert effective["repetition_penalty"] == 1.0
+            assert effective["presence_penalty"] == effective["frequency_penalty"] == 0.0
+            assert effective["min_p"] == 0.0
+        call = server.calls[0].effective
+        assert (call["temperature"], call["top_p"], call["top_k"]) == (1.0, 1.0, 0)
+        assert call["skip_special_tokens"] is False
+
+
+def test_the_servers_text_matches_the_ids_so_the_flags_are_honoured(fresh, engines):
+    # The engine decodes ids itself; the text the flags produce must still equal those ids'
+    # text, stop token included (a server defaulting to skip_special_tokens would drop it).
+    a, _ = fresh
+    engine = engines([a.url], tokenizer="tiny")
+    asyncio.run(collect(engine, prompt(engine, "stop soon"), max_tokens=40, temperature=0))
+    for served in a.calls:
+        assert served.text == engine.tokenizer.decode(served.token_ids, skip_special_tokens=False)
+
+
+def test_the_fake_speaks_like_vllm_chunks_stop_reason_and_model_check(fresh, tiny, engines):
+    ids = prompt(tiny, "stop here")
+    seeded = {"max_tokens": 8, "temperature": 1.0, "seed": 3}
+    first = asyncio.run(tiny.generate(ids, SamplingParams(**seeded))).token_ids[0]
+    assert first != tiny.tokenizer.eos_token_id
+    # A stop token of the request: `stop_reason` is its id.
+    by_token = engines([fresh[0].url], tokenizer="tiny")
+    asyncio.run(collect(by_token, ids, **seeded, stop_token_ids=(first,)))
+    [stopped] = fresh[0].calls
+    assert stopped.token_ids == [first] and stopped.stop_reason == first
+    assert all("usage" not in chunk for chunk in stopped.chunks)
+    # The model's EOS: `stop_reason` is null (vLLM's `check_stop` tests EOS first).
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED, eos_token_id=first) as server:
+        engine = engines([server.url], tokenizer="tiny", ids_from="echo")
+        asyncio.run(collect(engine, ids, **seeded, stop_token_ids=(first,)))
+        [by_eos] = server.calls
+        assert by_eos.token_ids == [first] and by_eos.finish_reason == "stop"
+        assert by_eos.stop_reason is None
+        unknown = engines([server.url], tokenizer="tiny", model_name="qwen", max_context=4096,
+                          verify_logprobs=False)
+        with pytest.raises(EngineError, match="does not exist. Valid aliases: tiny"):
+            asyncio.run(collect(unknown, ids))  # vLLM's 404
+        assert server.served[-1].status == 404
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+def test_a_server_down_at_start_is_skipped_without_a_request(fresh, engines):
+    a, _ = fresh
+    down = dead_url()
+    engine = engines([down, a.url], tokenizer="tiny", model_name="tiny", max_context=4096)
+    assert engine.servers.in_service() == [a.url]
+    [key] = keys_owned_by(engine, down)
     stream, chunks = asyncio.run(collect(engine, prompt(engine, "hi"), key))
-    assert stream.server == a.url and len(stream.attempts) == 1
-    assert "ConnectError" in stream.attempts[0]
-    assert [t for c in chunks for t in c.token_ids] == a.served[0].token_ids
+    assert stream.server == a.url and stream.attempts == []
+    assert [t for c in chunks for t in c.token_ids] == a.calls[0].token_ids
 
 
-def test_an_overloaded_server_is_retried_on_another(fresh):
+def test_a_dead_engine_answering_500_fails_over_and_leaves_the_ring(fresh, engines):
     a, b = fresh
-    a.unavailable = True
-    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
-    key = next(k for k in (f"s{i}" for i in range(100)) if engine.server_for(k) == a.url)
+    engine = engines([a.url, b.url], tokenizer="tiny", health_period_s=0.05)
+    keys = keys_owned_by(engine, a.url, 3)
+    a.dead = True  # vLLM: completions answer 500, /health 503
+    first, _ = asyncio.run(collect(engine, prompt(engine, "one"), keys[0]))
+    assert first.server == b.url and "HTTP 500" in first.attempts[0]
+    later = [asyncio.run(collect(engine, prompt(engine, k), k))[0] for k in keys[1:]]
+    assert [s.server for s in later] == [b.url, b.url] and all(not s.attempts for s in later)
+    assert [r.status for r in a.calls] == [500]  # tried once, then out of the ring
+    a.dead = False  # restarted: /health 200 again, the monitor brings it back
+    wait_for(lambda: engine.servers.in_service() == [a.url, b.url])
+    back, _ = asyncio.run(collect(engine, prompt(engine, "back"), keys[0]))
+    assert back.server == a.url
+
+
+def test_an_overloaded_server_is_retried_on_another(fresh, engines):
+    a, b = fresh
+    engine = engines([a.url, b.url], tokenizer="tiny")
+    a.overloaded = True
+    [key] = keys_owned_by(engine, a.url)
     stream, _ = asyncio.run(collect(engine, prompt(engine, "hi"), key))
     assert stream.server == b.url and "HTTP 503" in stream.attempts[0]
-    assert [r.status for r in a.served] == [503] and len(b.served) == 1
+    assert [r.status for r in a.calls] == [503] and len(b.calls) == 1
 
 
-def test_when_every_server_is_down_the_stream_raises_engine_error_after_backoff():
-    engine = VLLMEngine([dead_url(), dead_url()], tokenizer="tiny", model_name="tiny",
-                        max_context=4096, max_attempts=5, backoff_s=0.05)
+def test_a_paused_server_answering_with_an_error_event_is_retried_on_another(fresh, tiny,
+                                                                            engines):
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED, dev_mode=True) as paused:
+        b = fresh[1]
+        engine = engines([paused.url, b.url], tokenizer="tiny")
+        [key] = keys_owned_by(engine, paused.url)
+        paused.paused = "abort"  # as after POST /pause: new streams get 200 + error 503
+        stream, _ = asyncio.run(collect(engine, prompt(engine, "hi"), key))
+        assert stream.server == b.url and "in-stream error 503" in stream.attempts[0]
+
+
+def test_when_every_server_is_down_the_stream_raises_engine_error_after_backoff(engines):
+    engine = engines([dead_url(), dead_url()], tokenizer="tiny", model_name="tiny",
+                     max_context=4096, max_attempts=5, backoff_s=0.05)
     started = time.perf_counter()
     with pytest.raises(EngineError, match="after 5 attempts"):
         asyncio.run(collect(engine, prompt(engine, "hi")))
@@ -164,54 +325,65 @@ def test_when_every_server_is_down_the_stream_raises_engine_error_after_backoff(
     assert time.perf_counter() - started >= 0.15
 
 
-def test_a_stream_broken_after_tokens_raises_and_is_never_retried(fresh):
+def test_a_stream_broken_after_tokens_raises_and_is_never_retried(fresh, engines):
     a, b = fresh
+    engine = engines([a.url, b.url], tokenizer="tiny")
     a.fail_after_tokens = 3
-    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
-    key = next(k for k in (f"s{i}" for i in range(100)) if engine.server_for(k) == a.url)
+    [key] = keys_owned_by(engine, a.url)
     got: list[int] = []
 
     async def main():
-        stream = engine.stream(prompt(engine, "hi"), SamplingParams(max_tokens=10, seed=0),
-                               RequestContext(routing_key=key))
+        with routed_by(key):
+            stream = engine.stream(prompt(engine, "hi"), SamplingParams(max_tokens=10, seed=0))
         async for chunk in stream:
             got.extend(chunk.token_ids)
 
     with pytest.raises(EngineError, match="broke"):
         asyncio.run(main())
-    assert got == a.served[0].token_ids and len(got) == 3  # no token twice, none invented
-    assert not b.served  # nothing was retried
+    assert got == a.calls[0].token_ids and len(got) == 3  # no token twice, none invented
+    assert not b.calls  # nothing was retried
 
 
-def test_a_prompt_too_long_for_the_server_raises_context_length_exceeded(tiny):
-    with VLLMWireServer(tiny, max_model_len=64) as small:
-        probed = VLLMEngine([small.url], tokenizer="tiny")
+# --- the context -------------------------------------------------------------------------------
+
+
+def test_a_prompt_over_the_servers_context_raises_context_length_exceeded(tiny, engines):
+    with VLLMWireServer(tiny, max_model_len=64, logprobs_mode=PROCESSED) as small:
+        probed = engines([small.url], tokenizer="tiny")
         assert probed.max_context == 64
         with pytest.raises(ContextLengthExceeded):
             probed.stream(list(range(10, 80)), SamplingParams())
-        # An engine told a larger context learns it from the server's 400.
-        optimistic = VLLMEngine([small.url], tokenizer="tiny", model_name="tiny",
-                                max_context=4096)
+        # An engine told a larger context learns it from vLLM 0.33's 400.
+        optimistic = engines([small.url], tokenizer="tiny", model_name="tiny", max_context=4096)
         with pytest.raises(ContextLengthExceeded) as error:
-            asyncio.run(collect(optimistic, list(range(10, 60)), max_tokens=32))
-        assert error.value.max_context == 64 and error.value.prompt_tokens == 82
+            asyncio.run(collect(optimistic, list(range(10, 80)), max_tokens=8))
+        assert (error.value.prompt_tokens, error.value.max_context) == (70, 64)
+        assert small.served[-1].status == 400
+        assert "even without any output tokens" in small.served[-1].error
+        # Exactly the context: vLLM leaves 0 tokens to generate and says so.
+        with pytest.raises(ContextLengthExceeded) as error:
+            asyncio.run(collect(optimistic, list(range(10, 74)), max_tokens=8))
+        assert (error.value.prompt_tokens, error.value.max_context) == (64, 64)
 
 
-def test_the_servers_policy_version_header_is_exposed_on_the_stream(fresh):
-    a, _ = fresh
-    engine = VLLMEngine([a.url], tokenizer="tiny")
-    engine.policy_version = 3  # the trainer's
-    stream, _ = asyncio.run(collect(engine, prompt(engine, "hi")))
-    assert stream.policy_version is None
-    a.policy_version = 7
-    stream, _ = asyncio.run(collect(engine, prompt(engine, "hi")))
-    assert stream.policy_version == 7
+def test_a_prompt_that_fits_with_fewer_tokens_is_answered_with_fewer(tiny, engines):
+    with VLLMWireServer(tiny, max_model_len=64, logprobs_mode=PROCESSED) as small:
+        optimistic = engines([small.url], tokenizer="tiny", model_name="tiny", max_context=4096,
+                             stop_token_ids=[])
+        ids = list(range(10, 60))  # 50 tokens, 14 left
+        _, chunks = asyncio.run(collect(optimistic, ids, max_tokens=32, temperature=1.0))
+        served = small.calls[-1]
+        assert served.status == 200 and served.max_tokens == 14  # vLLM shortened max_tokens
+        assert len(served.token_ids) <= 14 and chunks[-1].finish_reason in ("length", "stop")
+
+
+# --- through the proxy ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_the_proxy_records_exactly_the_token_ids_the_vllm_server_sampled(fresh, stream):
+def test_the_proxy_records_exactly_the_token_ids_the_vllm_server_sampled(fresh, engines, stream):
     a, b = fresh
-    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
+    engine = engines([a.url, b.url], tokenizer="tiny")
     with InterceptionProxy(engine) as proxy:
         session = proxy.open_session(sampling={"max_tokens": 16, "seed": 1})
         client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
@@ -222,16 +394,34 @@ def test_the_proxy_records_exactly_the_token_ids_the_vllm_server_sampled(fresh, 
         else:
             text = answer.choices[0].message.content or ""
         [segment] = session.trace_json()["segments"]
-    [served] = a.served + b.served
+    [served] = a.calls + b.calls
     assert segment["prompt_ids"] == served.body["prompt"]
     assert segment["response_ids"] == served.token_ids
     assert segment["response_logprobs"] == served.logprobs
     assert text in engine.tokenizer.decode(served.token_ids)
 
 
-def test_through_the_proxy_every_call_of_a_session_lands_on_one_server(fresh):
+def test_with_one_server_dead_every_sessions_calls_succeed(fresh, engines):
     a, b = fresh
-    engine = VLLMEngine([a.url, b.url], tokenizer="tiny")
+    engine = engines([a.url, b.url], tokenizer="tiny", health_period_s=0.05)
+    a.dead = True  # 500 on completions, 503 on /health
+    with InterceptionProxy(engine) as proxy:
+        sessions = [proxy.open_session(sampling={"max_tokens": 4}) for _ in range(8)]
+        assert {engine.servers.first_for(s.session_id) for s in sessions} == {a.url, b.url}
+        for turn in range(3):
+            for index, session in enumerate(sessions):
+                client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                                       max_retries=0)
+                answer = client.chat.completions.create(model="policy", messages=[
+                    {"role": "user", "content": f"session {index} turn {turn}"}])
+                assert answer.choices[0].finish_reason in ("stop", "length")
+        assert all(s.trace_json()["n_llm_calls"] == 3 for s in sessions)
+    assert len(b.calls) == 24 and all(r.status == 500 for r in a.calls) and len(a.calls) <= 1
+
+
+def test_through_the_proxy_every_call_of_a_session_lands_on_one_server(fresh, engines):
+    a, b = fresh
+    engine = engines([a.url, b.url], tokenizer="tiny")
     with InterceptionProxy(engine) as proxy:
         sessions = [proxy.open_session(sampling={"max_tokens": 4}) for _ in range(8)]
         for turn in range(3):
@@ -243,7 +433,7 @@ def test_through_the_proxy_every_call_of_a_session_lands_on_one_server(fresh):
         expected = {s.session_id: engine.server_for(s.session_id) for s in sessions}
     marker_ids = [prompt(engine, f"session {i} turn {t}") for i in range(8) for t in range(3)]
     for server in fresh:
-        for served in server.served:
+        for served in server.calls:
             index = marker_ids.index(served.body["prompt"]) // 3
             assert expected[sessions[index].session_id] == server.url
-    assert len(a.served) + len(b.served) == 24
+    assert len(a.calls) + len(b.calls) == 24

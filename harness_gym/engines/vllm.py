@@ -3,24 +3,28 @@
 Spec: `vllm:URL` or `vllm:URL1,URL2,...`, with options after a `?`:
 `vllm:http://gpu0:8000,http://gpu1:8000?tokenizer=/models/qwen`. Options: `tokenizer` (a local
 model/tokenizer directory, or `tiny` / `smollm2`), `model` (the served model name to request),
-`max_context`.
+`max_context`, `ids_from` (`logprobs` | `echo`), `verify_logprobs` (`1` | `0`),
+`health_period` (seconds).
 
-Wire (vLLM 0.33, `POST /v1/completions`): the prompt goes in as token ids (`prompt: [int, ...]`),
-`return_token_ids: true` makes every streamed chunk carry `choices[0].token_ids` (and the first
-one `prompt_token_ids`), `logprobs: 0` makes it carry `logprobs.token_logprobs`, the sampled
-tokens' logprobs. Nothing is ever re-tokenized: the ids the trace records are the server's.
-`skip_special_tokens: false` and `include_stop_str_in_output: true` keep the text consistent with
-the ids (the stop token is part of the completion, as the `Engine` contract says).
+Wire (vLLM 0.33, `POST /v1/completions`, see `_vllm_wire.py`): the prompt goes in as token ids;
+`logprobs: 0` returns each sampled token's logprob, and with `return_tokens_as_token_ids` its id
+as `logprobs.tokens[i] == "token_id:N"` (`ids_from="logprobs"`, the default), or with
+`return_token_ids` in `choices[0].token_ids`, at the price of an echo of the whole prompt on the
+first chunk (`ids_from="echo"`). Either way the ids the trace records are the server's, never
+re-tokenized. Every request sends neutral `repetition_penalty`, `presence_penalty`,
+`frequency_penalty` and `min_p` (and the temperature, top-p, top-k and `skip_special_tokens` it
+wants): vLLM fills whatever a request leaves out from the model's `generation_config.json`.
 
-Serve with these flags:
+Serve with:
 
-- `--logprobs-mode processed_logprobs` (required for RL). By default vLLM reports logprobs of
-  the raw distribution (T=1, before top-k/top-p). The trainer's importance ratio
-  p_new / p_old needs p_old to be the probability under the distribution the token was actually
-  drawn from, i.e. after temperature, top-k and top-p; otherwise every off-T=1 sample carries a
-  systematic bias in the ratio. `SamplingParams` documents the same convention for local engines.
-- `--return-tokens-as-token-ids` is not needed: `return_token_ids` already returns ids.
-- `--max-model-len` sets the context this engine reports (`max_model_len` of `GET /v1/models`).
+- `--logprobs-mode processed_logprobs` (required for RL; `trl vllm-serve` sets it). vLLM's
+  default reports logprobs of the raw distribution (T=1, before top-k/top-p); the trainer's
+  importance ratio p_new / p_old needs p_old under the distribution the token was drawn from.
+  The engine checks it (`verify_logprobs`, default on): when a server comes into service it
+  samples a few tokens with `top_k=1`, where processed logprobs are exactly 0.0; a server that
+  answers otherwise fails the constructor (or, if it came up later, stays out of service).
+- `VLLM_SERVER_DEV_MODE=1` if the trainer labels weight versions (below).
+- `--max-model-len` sets the context this engine reads from `GET /v1/models`.
 
 The tokenizer (the proxy renders chat templates and detokenizes with it) is loaded locally,
 never downloaded: from `tokenizer=` / the constructor, else from the served model's id or root
@@ -28,105 +32,88 @@ when that is a local directory (`vllm serve /models/qwen` serves the id `/models
 the constructor fails with an error that says to pass `tokenizer=`. There is no silent default:
 a wrong tokenizer would make every trace garbage without any error.
 
-Several servers: a request is routed by consistent hashing of a routing key (the proxy's session
-id, passed in `stream()`'s `RequestContext.routing_key`), so all calls of
-an episode land on one server and reuse its prefix cache; adding a server moves only ~1/N of the
-sessions. Without a key, requests go round-robin.
+Several servers (`_vllm_servers.py`): a request is routed by consistent hashing of a routing key
+(the proxy's session id, read from the `routing_key` context variable when `stream()` is
+called), so all calls of an episode land on one server and reuse its prefix cache. Servers that
+failed a request, or whose `GET /health` is not 200, go to the back of every key's order until
+a background health check (every `health_period_s`) sees them answer 200 again.
 
-Failures: a connection error, or a 502/503/504 answer, *before the first token* is retried on
-the next server of the key's ring order (affinity is a cache optimisation, not a correctness
-requirement, so failing over beats waiting on a dead server), with exponential backoff between
-passes over the ring; after `max_attempts` tries the stream raises `EngineError`. Once a token has
-been yielded nothing is retried (a retry would sample different tokens after the ones already
-streamed): a failure then is an `EngineError` and the call is recorded as aborted.
+Failures: a connection error, a 5xx answer (vLLM answers 500 once its engine died, 503 when
+overloaded or paused), or a 5xx error event before the first token fails over to the next
+server in the key's order, with exponential backoff between passes; after `max_attempts` tries
+the stream raises `EngineError`. Once a token has been yielded nothing is retried (a retry would
+sample different tokens after the ones already streamed). A prompt that does not fit raises
+`ContextLengthExceeded`, whichever wording vLLM used; a prompt that fits with fewer new tokens
+than asked is answered with fewer (vLLM shortens `max_tokens` itself).
 
-Policy version: `policy_version` is the trainer's attribute, as for every engine. A server that
-reports the version of the weights it sampled with, in an `x-policy-version` response header
-(a trainer's weight-sync endpoint can set it; plain vLLM does not), is the better witness: the
-stream object exposes it as `stream.policy_version` once the first chunk has arrived
-(None when the server reported none).
+Policy version: the trainer's `policy_version` is the fallback label. vLLM 0.33 reports which
+weights sampled each token (`return_weight_versions`: `weight_versions` spans on the last
+chunk), labelled by `POST /update_weight_version` or `/finish_weight_update {"weight_version"}`
+(dev mode); a fresh server says "default". TRL's weight syncs (sync `VLLMClient`, async
+`WeightTransferClient`) finish with an empty `/finish_weight_update`, which leaves the label as
+it was, so a trainer labels with `set_weight_version(v)` after each sync and before `/resume`.
+`stream.policy_version` is the oldest integer label of the call's spans (None when there is
+none), which the proxy records in place of the fallback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import hashlib
-import itertools
+import dataclasses
 import json
-import re
-from collections.abc import AsyncIterator, Iterable, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
 
+from ._vllm_servers import HashRing, ServerPool
+from ._vllm_wire import (
+    IDS_FROM,
+    NEUTRAL_PENALTIES,
+    IdsFrom,
+    RetryElsewhere,
+    WeightVersionSpan,
+    completion_body,
+    error_for,
+    error_message,
+    parse_chunk,
+    policy_version_of,
+    stream_error,
+)
 from .base import (
-    NO_CONTEXT,
-    ContextLengthExceeded,
     Engine,
     EngineError,
-    FinishReason,
-    RequestContext,
     SamplingParams,
     TokenChunk,
+    routing_key,
 )
 
-POLICY_VERSION_HEADER = "x-policy-version"
-_RETRIABLE_STATUS = frozenset({502, 503, 504})
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-# vLLM's context-length message: "This model's maximum context length is 4096 tokens. However,
-# you requested 5000 tokens (4000 in the messages, 1000 in the completion)..."
-CLOSE_TIMEOUT_S = 10.0
-_CONTEXT_RE = re.compile(r"maximum context length is (\d+) tokens.*?requested (\d+) tokens", re.DOTALL)
+log = logging.getLogger(__name__)
+
+#: `request_id` prefix of the logprobs-mode probe (vLLM takes the body's `request_id`).
+PROBE_REQUEST_ID = "harness-gym-logprobs-probe"
 
 
-class _RetryBeforeFirstToken(Exception):
-    """A failure that happened before any token was yielded: safe to try another server."""
-
-
-class HashRing:
-    """Consistent hashing of routing keys onto servers (`replicas` virtual nodes each)."""
-
-    def __init__(self, servers: Sequence[str], replicas: int = 128) -> None:
-        if not servers:
-            raise ValueError("a hash ring needs at least one server")
-        self.servers = list(servers)
-        points = sorted(
-            (_hash(f"{server}#{i}"), index)
-            for index, server in enumerate(self.servers)
-            for i in range(replicas)
-        )
-        self._hashes = [h for h, _ in points]
-        self._owners = [index for _, index in points]
-
-    def order(self, key: str) -> list[int]:
-        """Server indices for `key`: its owner first, then the next distinct servers clockwise."""
-        start = bisect.bisect(self._hashes, _hash(key)) % len(self._hashes)
-        seen: dict[int, None] = {}
-        for owner in itertools.chain(self._owners[start:], self._owners[:start]):
-            seen.setdefault(owner)
-            if len(seen) == len(self.servers):
-                break
-        return list(seen)
-
-
-def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+class VLLMConfigError(EngineError):
+    """A vLLM server runs with settings that would make the traces wrong (e.g. raw logprobs)."""
 
 
 class VLLMEngine(Engine):
     """Samples from vLLM servers over HTTP, token ids in and out.
 
     >>> engine = VLLMEngine(["http://127.0.0.1:8000"], tokenizer="/models/qwen")  # doctest: +SKIP
-    >>> completion = await engine.generate(                                  # doctest: +SKIP
-    ...     prompt_ids, SamplingParams(max_tokens=64), RequestContext(routing_key="session-1"))
+    >>> with routed_by("session-1"):                                         # doctest: +SKIP
+    ...     completion = await engine.generate(prompt_ids, SamplingParams(max_tokens=64))
 
     `tokenizer` is a tokenizer object or a local directory (or `tiny` / `smollm2`); `model_name`
     and `max_context` default to what `GET /v1/models` reports (the constructor then asks the
-    servers, synchronously). Pass all three to build the engine without any server up.
+    servers, synchronously). Pass all three to build the engine without any server up. The
+    constructor also runs one health check (and the logprobs probe) on every server it reaches.
     """
 
     def __init__(
@@ -137,21 +124,25 @@ class VLLMEngine(Engine):
         model_name: str | None = None,
         max_context: int | None = None,
         stop_token_ids: Iterable[int] | None = None,
+        ids_from: IdsFrom = "logprobs",
+        verify_logprobs: bool = True,
+        health_period_s: float = 5.0,
         max_attempts: int = 4,
         backoff_s: float = 0.1,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float | None = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if ids_from not in IDS_FROM:
+            raise ValueError(f"ids_from must be one of {IDS_FROM}, got {ids_from!r}")
         self.urls = _normalise_urls(urls)
-        self.ring = HashRing(self.urls)
+        self.ids_from: IdsFrom = ids_from
         self.max_attempts = max(1, int(max_attempts))
         self.backoff_s = backoff_s
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._transport = transport
         # An AsyncClient's connection pool belongs to the loop that opened it: one per loop.
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
-        self._round_robin = itertools.count()
         if model_name is None or max_context is None or tokenizer is None:
             served = self._probe_models()
             model_name = model_name or served["id"]
@@ -163,74 +154,102 @@ class VLLMEngine(Engine):
         self.model_name = model_name
         self.max_context = int(max_context)
         self._tokenizer = _load_tokenizer(tokenizer)
-        if isinstance(tokenizer, (str, Path)):
-            self.tokenizer_source = str(tokenizer)
         self.stop_token_ids = tuple(
             int(t) for t in (stop_token_ids if stop_token_ids is not None
                              else _default_stop_token_ids(self._tokenizer))
         )
+        #: What each server's probe found: "processed_logprobs", or what it saw instead.
+        self.logprobs_mode: dict[str, str] = {}
+        self.servers = ServerPool(
+            self.urls, admit=self._check_logprobs_mode if verify_logprobs else None,
+            period_s=health_period_s, timeout_s=min(connect_timeout_s, 5.0),
+        )
+        self.servers.check(raise_for=(VLLMConfigError,))
 
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
 
+    @property
+    def ring(self) -> HashRing:
+        return self.servers.ring
+
     def server_for(self, key: str | None) -> str:
         """The URL a request with this routing key goes to first."""
-        return self.urls[self._order(key)[0]]
+        return self.servers.order(key)[0]
 
     def stream(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams,
-        context: RequestContext = NO_CONTEXT,
+        self, prompt_ids: Sequence[int], sampling: SamplingParams
     ) -> VLLMStream:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt))
-        order = self._order(context.routing_key)
-        return VLLMStream(self, self.request_body(prompt, sampling), order)
+        self.servers.start()
+        return VLLMStream(self, self.request_body(prompt, sampling),
+                          self.servers.order(routing_key.get()))
 
     def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """The `/v1/completions` JSON for a token prompt (field names of vLLM's
-        `CompletionRequest`)."""
-        body: dict[str, Any] = {
-            "model": self.model_name,
-            "prompt": prompt,
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k or -1,  # vLLM: -1 disables
-            "stop_token_ids": sorted({*self.stop_token_ids, *sampling.stop_token_ids}),
-            "logprobs": 0,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
-            "stream": True,
+        """The `/v1/completions` JSON for a token prompt. `max_tokens` is cut to what the
+        context leaves, as vLLM would (so a misjudged `max_tokens` never costs a 400)."""
+        fits = min(sampling.max_tokens, self.max_context - len(prompt))
+        if fits != sampling.max_tokens:
+            sampling = dataclasses.replace(sampling, max_tokens=fits)
+        stops = sorted({*self.stop_token_ids, *sampling.stop_token_ids})
+        return completion_body(self.model_name, prompt, sampling, stops, self.ids_from)
+
+    # -- weight versions ------------------------------------------------------------------
+
+    def set_weight_version(self, version: int) -> None:
+        """Label the weights every server holds now as `version` (vLLM dev mode:
+        `POST /update_weight_version`) and make it the fallback `policy_version`. Call it after
+        each weight sync, before `/resume`. Blocks; from async code use `aset_weight_version`.
+        A server that cannot be reached is skipped (it is out of service, and a restarted
+        server says "default", so its calls fall back to `policy_version`)."""
+        self.policy_version = int(version)
+        with httpx.Client(timeout=self._timeout) as client:
+            answers = [_post_label(client, url, version) for url in self.urls]
+        _check_labels(self.urls, answers)
+
+    async def aset_weight_version(self, version: int) -> None:
+        """`set_weight_version` without blocking the event loop."""
+        self.policy_version = int(version)
+        client = self._client()
+        answers = await asyncio.gather(
+            *(_apost_label(client, url, version) for url in self.urls))
+        _check_labels(self.urls, list(answers))
+
+    # -- server checks --------------------------------------------------------------------
+
+    def _check_logprobs_mode(self, url: str) -> None:
+        """Sample with `top_k=1`: under processed logprobs the one token left has logprob 0.0
+        exactly; raw logprobs (vLLM's default) report its T=1 probability instead."""
+        prompt = self._tokenizer.encode("The logprobs of this probe", add_special_tokens=False)
+        body = {
+            "model": self.model_name, "prompt": prompt or [self.stop_token_ids[0]],
+            "max_tokens": 4, "temperature": 1.0, "top_p": 1.0, "top_k": 1,
+            **NEUTRAL_PENALTIES, "logprobs": 0, "return_tokens_as_token_ids": True,
+            "request_id": f"{PROBE_REQUEST_ID}-{uuid.uuid4().hex}",
         }
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        return body
-
-    def _order(self, key: str | None) -> list[int]:
-        if key is None:
-            first = next(self._round_robin) % len(self.urls)
-            return [*range(first, len(self.urls)), *range(first)]
-        return self.ring.order(key)
-
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        for stale in [lp for lp in self._clients if lp.is_closed()]:
-            del self._clients[stale]
-        client = self._clients.get(loop)
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(
-                timeout=self._timeout,
-                transport=self._transport,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            )
-            self._clients[loop] = client
-        return client
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=self._timeout)
+        if response.status_code >= 500:
+            raise RetryElsewhere(f"the logprobs probe got HTTP {response.status_code}")
+        if response.status_code != 200:
+            error = error_for(response.status_code, response.text, url, len(body["prompt"]))
+            raise VLLMConfigError(f"vLLM at {url} refused the logprobs probe: {error}")
+        values = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+        if values and all(v == 0.0 for v in values):
+            self.logprobs_mode[url] = "processed_logprobs"
+            return
+        seen = "raw_logprobs" if values and all(v < 0 for v in values) else "logits or unknown"
+        self.logprobs_mode[url] = seen
+        raise VLLMConfigError(
+            f"vLLM at {url} does not report processed logprobs (looks like {seen}: a top_k=1 "
+            f"sample, whose processed logprob is exactly 0.0, came back as {values}), so p_old "
+            "would not be the probability each token was drawn with. Restart it with "
+            "`--logprobs-mode processed_logprobs` (as `trl vllm-serve` does), or pass "
+            "verify_logprobs=False ('vllm:URL?verify_logprobs=0') to accept its logprobs."
+        )
 
     def _probe_models(self) -> dict[str, Any]:
         errors = []
@@ -246,42 +265,85 @@ class VLLMEngine(Engine):
             "to build the engine without one): " + "; ".join(errors)
         )
 
-    def close(self) -> None:
-        """Close the HTTP clients, each on the event loop that opened it (an `AsyncClient`'s
-        connections belong to their loop). A client whose loop has already ended is dropped:
-        its connections went with the loop. From inside a loop, `await aclose()` instead."""
-        clients, self._clients = dict(self._clients), {}
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        for loop, client in clients.items():
-            if loop.is_closed():
-                continue
-            if loop is current:  # waiting here would block the loop that must do the closing
-                loop.create_task(client.aclose())
-            elif loop.is_running():
-                done = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
-                try:
-                    done.result(CLOSE_TIMEOUT_S)
-                except (FutureTimeout, RuntimeError):  # the loop stopped meanwhile
-                    done.cancel()
-            else:
-                loop.run_until_complete(client.aclose())
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        for stale in [lp for lp in self._clients if lp.is_closed()]:
+            del self._clients[stale]
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            client = httpx.AsyncClient(
+                timeout=self._timeout,
+                transport=self._transport,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+            self._clients[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        self.servers.close()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                await client.aclose()
+            except RuntimeError:  # opened on another, already closed loop
+                pass
+
+
+def _label_body(version: int) -> dict[str, str]:
+    # vLLM declares `new_version: str` (pydantic does not coerce an int): send a string.
+    return {"new_version": str(int(version))}
+
+
+def _post_label(client: httpx.Client, url: str, version: int) -> httpx.Response | Exception:
+    try:
+        return client.post(f"{url}/update_weight_version", json=_label_body(version))
+    except httpx.TransportError as exc:
+        return exc
+
+
+async def _apost_label(
+    client: httpx.AsyncClient, url: str, version: int
+) -> httpx.Response | Exception:
+    try:
+        return await client.post(f"{url}/update_weight_version", json=_label_body(version))
+    except httpx.TransportError as exc:
+        return exc
+
+
+def _check_labels(urls: list[str], answers: list[httpx.Response | Exception]) -> None:
+    refused = []
+    for url, answer in zip(urls, answers):
+        if isinstance(answer, Exception):
+            log.warning("could not label the weight version on %s: %r", url, answer)
+        elif answer.status_code == 404:
+            refused.append(f"{url} has no /update_weight_version: start vLLM with "
+                           "VLLM_SERVER_DEV_MODE=1")
+        elif answer.status_code != 200:
+            refused.append(f"{url} answered HTTP {answer.status_code}: "
+                           f"{error_message(answer.text)[0]}")
+    if refused:
+        raise VLLMConfigError("could not label the weight version: " + "; ".join(refused))
 
 
 class VLLMStream:
-    """One streamed completion (an async iterator of `TokenChunk`). `server` and
-    `policy_version` are known once the first chunk has arrived."""
+    """One streamed completion (an async iterator of `TokenChunk`). `server` is known once the
+    first chunk has arrived; `weight_versions` and `policy_version` once the stream ended."""
 
-    def __init__(self, engine: VLLMEngine, body: dict[str, Any], order: list[int]) -> None:
+    def __init__(self, engine: VLLMEngine, body: dict[str, Any], order: list[str]) -> None:
         self._engine = engine
         self._body = body
         self._order = order
         self._inner = self._run()
         self.server: str | None = None
-        self.policy_version: int | None = None
+        self.weight_versions: list[WeightVersionSpan] | None = None
         self.attempts: list[str] = []  # "url: error" for each failed attempt
+
+    @property
+    def policy_version(self) -> int | None:
+        """The version the server reported for this call (its oldest integer label)."""
+        return policy_version_of(self.weight_versions)
 
     def __aiter__(self) -> VLLMStream:
         return self
@@ -296,31 +358,35 @@ class VLLMStream:
         engine = self._engine
         started = False
         for attempt in range(engine.max_attempts):
-            url = engine.urls[self._order[attempt % len(self._order)]]
+            url = self._order[attempt % len(self._order)]
             if attempt and attempt % len(self._order) == 0:  # a full pass failed: back off
                 await asyncio.sleep(engine.backoff_s * 2 ** (attempt // len(self._order) - 1))
             try:
                 async with engine._client().stream(
                     "POST", f"{url}/v1/completions", json=self._body
                 ) as response:
-                    await _check_status(response)
+                    if response.status_code != 200:
+                        body = (await response.aread()).decode(errors="replace")
+                        raise error_for(response.status_code, body, url, len(self._body["prompt"]))
                     self.server = url
-                    self.policy_version = _header_int(response, POLICY_VERSION_HEADER)
-                    async for chunk in self._chunks(response):
+                    async for chunk in self._chunks(response, url):
                         started = True
                         yield chunk
                     return
             except httpx.TransportError as exc:
                 if started:  # e.g. closing the response: tokens went out, never retry
                     raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
-                self.attempts.append(f"{url}: {exc!r}")
-            except _RetryBeforeFirstToken as exc:
-                self.attempts.append(f"{url}: {exc.__cause__ or exc}")
+                failure = f"{url}: {exc!r}"
+            except RetryElsewhere as exc:
+                failure = f"{url}: {exc}"
+            self.attempts.append(failure)
+            engine.servers.take_out(url, failure)
         raise EngineError(
             f"vLLM request failed after {engine.max_attempts} attempts: " + "; ".join(self.attempts)
         )
 
-    async def _chunks(self, response: httpx.Response) -> AsyncIterator[TokenChunk]:
+    async def _chunks(self, response: httpx.Response, url: str) -> AsyncIterator[TokenChunk]:
+        ids_from = self._engine.ids_from
         yielded = False
         try:
             async for line in response.aiter_lines():
@@ -329,71 +395,30 @@ class VLLMStream:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                chunk = _parse_chunk(json.loads(data))
-                if chunk is None:
+                payload = json.loads(data)
+                if "error" in payload:
+                    error = stream_error(payload, url)
+                    if yielded and isinstance(error, RetryElsewhere):
+                        error = EngineError(f"the vLLM stream from {url} failed: {error}")
+                    raise error
+                parsed = parse_chunk(payload, ids_from)
+                if parsed is None:
                     continue
+                chunk, spans = parsed
+                if spans is not None:
+                    self.weight_versions = spans
                 if chunk.token_ids or chunk.finish_reason is not None:
                     yielded = True
                     yield chunk
                 if chunk.finish_reason is not None:
                     return
-        except (httpx.TransportError, json.JSONDecodeError) as exc:
-            if not yielded and isinstance(exc, httpx.TransportError):
-                raise _RetryBeforeFirstToken(str(exc)) from exc
-            raise EngineError(f"the vLLM stream from {self.server} broke: {exc!r}") from exc
-        raise EngineError(f"the vLLM stream from {self.server} ended without a finish_reason")
-
-
-async def _check_status(response: httpx.Response) -> None:
-    if response.status_code == 200:
-        return
-    body = (await response.aread()).decode(errors="replace")
-    message = _error_message(body)
-    if response.status_code in _RETRIABLE_STATUS:
-        raise _RetryBeforeFirstToken(f"HTTP {response.status_code}: {message}")
-    context = _CONTEXT_RE.search(message)
-    if context:
-        raise ContextLengthExceeded(int(context.group(2)), int(context.group(1)))
-    raise EngineError(f"vLLM answered HTTP {response.status_code}: {message}")
-
-
-def _parse_chunk(payload: dict[str, Any]) -> TokenChunk | None:
-    """A `CompletionStreamResponse` chunk -> the tokens it adds (None for a usage-only chunk)."""
-    if "error" in payload:  # vLLM reports an in-stream failure as {"error": {...}}
-        raise EngineError(f"vLLM failed mid-stream: {_error_message(json.dumps(payload))}")
-    choices = payload.get("choices") or []
-    if not choices:
-        return None
-    choice = choices[0]
-    token_ids = [int(t) for t in choice.get("token_ids") or []]
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    if token_ids and len(logprobs) != len(token_ids):
-        raise EngineError(
-            f"vLLM sent {len(token_ids)} token ids with {len(logprobs)} logprobs: is the request's "
-            "`logprobs: 0` honoured and `return_token_ids` supported (vLLM >= 0.10.2)?"
-        )
-    reason = choice.get("finish_reason")
-    finish = None if reason is None else _FINISH.get(reason, "abort")
-    return TokenChunk(token_ids, [float(x) for x in logprobs], finish)
-
-
-def _error_message(body: str) -> str:
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return body[:500]
-    error = payload.get("error", payload) if isinstance(payload, dict) else payload
-    if isinstance(error, dict):
-        return str(error.get("message", error))
-    return str(error)
-
-
-def _header_int(response: httpx.Response, name: str) -> int | None:
-    value = response.headers.get(name)
-    try:
-        return None if value is None else int(value)
-    except ValueError:
-        return None
+        except httpx.TransportError as exc:
+            if not yielded:
+                raise RetryElsewhere(f"the stream broke before any token: {exc!r}") from exc
+            raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
+        except json.JSONDecodeError as exc:
+            raise EngineError(f"the vLLM stream from {url} sent invalid JSON: {exc}") from exc
+        raise EngineError(f"the vLLM stream from {url} ended without a finish_reason")
 
 
 def _normalise_urls(urls: str | Sequence[str]) -> list[str]:
@@ -447,28 +472,53 @@ def _default_stop_token_ids(tokenizer: Any) -> list[int]:
     return stops
 
 
+@contextmanager
+def routed_by(key: str | None) -> Iterator[None]:
+    """`with routed_by(session_id): ...` pins the streams started inside to one server."""
+    token = routing_key.set(key)
+    try:
+        yield
+    finally:
+        routing_key.reset(token)
+
+
+_OPTIONS = ("tokenizer", "model", "max_context", "ids_from", "verify_logprobs", "health_period")
+
+
 def load_vllm_engine(arg: str) -> VLLMEngine:
-    """Entry point for `vllm:URL[,URL...][?tokenizer=PATH&model=NAME&max_context=N]`."""
+    """Entry point for `vllm:URL[,URL...][?tokenizer=PATH&model=NAME&max_context=N&...]`."""
     if not arg:
         raise ValueError("the vllm engine needs a server URL: 'vllm:http://host:8000'")
     urls, _, query = arg.partition("?")
     options = {k: v[-1] for k, v in parse_qs(query).items()}
-    unknown = set(options) - {"tokenizer", "model", "max_context"}
+    unknown = set(options) - set(_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown vllm spec options {sorted(unknown)}: "
-                         "known are tokenizer, model, max_context")
+        raise ValueError(f"unknown vllm spec options {sorted(unknown)}: known are "
+                         + ", ".join(_OPTIONS))
+    kwargs: dict[str, Any] = {}
+    if "ids_from" in options:
+        kwargs["ids_from"] = options["ids_from"]
+    if "verify_logprobs" in options:
+        kwargs["verify_logprobs"] = options["verify_logprobs"].lower() not in ("0", "false", "no")
+    if "health_period" in options:
+        kwargs["health_period_s"] = float(options["health_period"])
     return VLLMEngine(
         urls,
         tokenizer=options.get("tokenizer"),
         model_name=options.get("model"),
         max_context=int(options["max_context"]) if "max_context" in options else None,
+        **kwargs,
     )
 
 
 __all__ = [
-    "POLICY_VERSION_HEADER",
+    "PROBE_REQUEST_ID",
     "HashRing",
+    "VLLMConfigError",
     "VLLMEngine",
     "VLLMStream",
+    "WeightVersionSpan",
     "load_vllm_engine",
+    "routed_by",
+    "routing_key",
 ]

@@ -118,7 +118,6 @@ class PreparedCall:
                 if not self._first.done():
                     yield KeepAlive()
             chunk = _first_result(self._first)
-            self._take_server_version()
             while chunk is not None:
                 self.completion.add(chunk)
                 self._report(finished=False)
@@ -138,6 +137,7 @@ class PreparedCall:
                 if finish or chunk.finish_reason is not None:
                     break
                 chunk = await anext(self._stream, None)
+            self._take_server_version()
             for event in parser.finish():
                 _collect(event, text_parts, tool_calls)
                 yield event
@@ -182,7 +182,8 @@ class PreparedCall:
             await self._stream.aclose()
 
     def _take_server_version(self) -> None:
-        # A remote engine may report which weights sampled this answer; that beats any label.
+        # A remote engine may report which weights sampled this answer (vLLM: on its last
+        # chunk); that beats the trainer's label.
         reported = getattr(self._stream, "policy_version", None)
         if reported is not None:
             self.completion.policy_version = reported
