@@ -40,7 +40,8 @@ GENERATION_CONFIG_KEYS = (
     "top_p", "min_p", "max_tokens", "skip_special_tokens",
 )
 
-_TOKEN_ID_PREFIX = "token_id:"  # `format_token_id_placeholder`, entrypoints/generate/base/serving.py
+# `format_token_id_placeholder`, entrypoints/generate/base/serving.py
+_TOKEN_ID_PREFIX = "token_id:"
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 

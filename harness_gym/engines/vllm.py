@@ -282,7 +282,7 @@ class VLLMEngine(Engine):
         return client
 
     async def aclose(self) -> None:
-        self.servers.close()
+        await asyncio.to_thread(self.servers.close)  # joins the health thread
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             try:

@@ -151,7 +151,7 @@ class HarnessRolloutFunc:
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
         engine = envs.unwrapped.engine  # the Engine object, whichever way it was given
         version = int(trainer.state.global_step)
-        engine.policy_version = version
+        tag_policy_version(engine, version, trainer)
         envs.reset(options={"task_ids": [t.instance_id for t in tasks[::group]]})
         training = model.training if model is not None else False
         if model is not None and self._engine is not None:
@@ -290,6 +290,21 @@ class HarnessRolloutFunc:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def tag_policy_version(engine: Engine, version: int, trainer: Any) -> None:
+    """Make `version` the label of this rollout's calls. With `use_vllm=True,
+    vllm_mode="server"`, TRL has just pushed the weights into the vLLM server, and left vLLM's
+    own weight label as it was (its `/finish_weight_update` sends no version): a `VLLMEngine`
+    then labels the server too (`set_weight_version`), so each call records what the server
+    sampled with. Otherwise only the engine's fallback label moves."""
+    args = getattr(trainer, "args", None)
+    synced = getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"
+    label = getattr(engine, "set_weight_version", None)
+    if synced and label is not None:
+        label(version)
+    else:
+        engine.policy_version = version
 
 
 def training_segment(trace: list[dict[str, Any]]) -> dict[str, Any] | None:
