@@ -407,7 +407,8 @@ def test_with_one_server_dead_every_sessions_calls_succeed(fresh, engines):
     a.dead = True  # 500 on completions, 503 on /health
     with InterceptionProxy(engine) as proxy:
         sessions = [proxy.open_session(sampling={"max_tokens": 4}) for _ in range(8)]
-        assert {engine.servers.first_for(s.session_id) for s in sessions} == {a.url, b.url}
+        while {engine.servers.first_for(s.session_id) for s in sessions} != {a.url, b.url}:
+            sessions.append(proxy.open_session(sampling={"max_tokens": 4}))  # both owners
         for turn in range(3):
             for index, session in enumerate(sessions):
                 client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
@@ -416,7 +417,9 @@ def test_with_one_server_dead_every_sessions_calls_succeed(fresh, engines):
                     {"role": "user", "content": f"session {index} turn {turn}"}])
                 assert answer.choices[0].finish_reason in ("stop", "length")
         assert all(s.trace_json()["n_llm_calls"] == 3 for s in sessions)
-    assert len(b.calls) == 24 and all(r.status == 500 for r in a.calls) and len(a.calls) <= 1
+    assert len(b.calls) == 3 * len(sessions)
+    # At most one call reached the dead server (the health check may take it out first).
+    assert [r.status for r in a.calls] in ([], [500]), engine.servers.status()
 
 
 def test_through_the_proxy_every_call_of_a_session_lands_on_one_server(fresh, engines):

@@ -237,7 +237,12 @@ class VLLMEngine(Engine):
         if response.status_code != 200:
             error = error_for(response.status_code, response.text, url, len(body["prompt"]))
             raise VLLMConfigError(f"vLLM at {url} refused the logprobs probe: {error}")
-        values = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+        try:
+            values = [float(v) for v in response.json()["choices"][0]["logprobs"]
+                      ["token_logprobs"]]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise VLLMConfigError(f"vLLM at {url} answered the logprobs probe without the "
+                                  f"sampled tokens' logprobs: {response.text[:300]}") from exc
         if values and all(v == 0.0 for v in values):
             self.logprobs_mode[url] = "processed_logprobs"
             return
