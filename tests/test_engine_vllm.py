@@ -14,10 +14,11 @@ from support.vllm_wire_server import VLLMWireServer
 from harness_gym.engines import (
     ContextLengthExceeded,
     EngineError,
+    RequestContext,
     SamplingParams,
     load_engine,
 )
-from harness_gym.engines.vllm import HashRing, VLLMConfigError, VLLMEngine, routed_by
+from harness_gym.engines.vllm import HashRing, VLLMConfigError, VLLMEngine
 from harness_gym.proxy import InterceptionProxy
 
 PROCESSED = "processed_logprobs"  # how `trl vllm-serve` starts vLLM
@@ -56,7 +57,7 @@ def engines():
 
     yield make
     for engine in built:
-        asyncio.run(engine.aclose())
+        engine.close()
 
 
 def dead_url() -> str:
@@ -71,8 +72,8 @@ def prompt(engine, text: str) -> list[int]:
 
 
 async def collect(engine, ids, key=None, **sampling):
-    with routed_by(key):
-        stream = engine.stream(ids, SamplingParams(**{"max_tokens": 8, "seed": 0, **sampling}))
+    stream = engine.stream(ids, SamplingParams(**{"max_tokens": 8, "seed": 0, **sampling}),
+                           RequestContext(routing_key=key))
     chunks = [chunk async for chunk in stream]
     return stream, chunks
 
@@ -333,8 +334,8 @@ def test_a_stream_broken_after_tokens_raises_and_is_never_retried(fresh, engines
     got: list[int] = []
 
     async def main():
-        with routed_by(key):
-            stream = engine.stream(prompt(engine, "hi"), SamplingParams(max_tokens=10, seed=0))
+        stream = engine.stream(prompt(engine, "hi"), SamplingParams(max_tokens=10, seed=0),
+                               RequestContext(routing_key=key))
         async for chunk in stream:
             got.extend(chunk.token_ids)
 

@@ -29,6 +29,7 @@ def proxy():
         with InterceptionProxy(engine) as running:
             running.server = server
             yield running
+        engine.close()
     tiny.close()
 
 

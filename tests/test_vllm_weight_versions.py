@@ -46,7 +46,7 @@ def engine(server):
     server.reset()
     built = VLLMEngine([server.url], tokenizer="tiny")
     yield built
-    asyncio.run(built.aclose())
+    built.close()
 
 
 def trl_sync_client(url: str):
@@ -157,7 +157,7 @@ def test_labelling_a_server_without_dev_mode_says_how_to_start_it(tiny):
         engine = VLLMEngine([plain.url], tokenizer="tiny")
         with pytest.raises(VLLMConfigError, match="VLLM_SERVER_DEV_MODE=1"):
             engine.set_weight_version(1)
-        asyncio.run(engine.aclose())
+        engine.close()
 
 
 def test_the_label_is_sent_as_the_string_vllm_declares(engine, server):

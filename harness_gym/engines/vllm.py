@@ -33,10 +33,10 @@ the constructor fails with an error that says to pass `tokenizer=`. There is no 
 a wrong tokenizer would make every trace garbage without any error.
 
 Several servers (`_vllm_servers.py`): a request is routed by consistent hashing of a routing key
-(the proxy's session id, read from the `routing_key` context variable when `stream()` is
-called), so all calls of an episode land on one server and reuse its prefix cache. Servers that
-failed a request, or whose `GET /health` is not 200, go to the back of every key's order until
-a background health check (every `health_period_s`) sees them answer 200 again.
+(the proxy's session id, passed as `RequestContext.routing_key` to `stream()`), so all calls of
+an episode land on one server and reuse its prefix cache. Servers that failed a request, or
+whose `GET /health` is not 200, go to the back of every key's order until a background health
+check (every `health_period_s`) sees them answer 200 again.
 
 Failures: a connection error, a 5xx answer (vLLM answers 500 once its engine died, 503 when
 overloaded or paused), or a 5xx error event before the first token fails over to the next
@@ -63,8 +63,8 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -86,17 +86,19 @@ from ._vllm_wire import (
     stream_error,
 )
 from .base import (
+    NO_CONTEXT,
     Engine,
     EngineError,
+    RequestContext,
     SamplingParams,
     TokenChunk,
-    routing_key,
 )
 
 log = logging.getLogger(__name__)
 
 #: `request_id` prefix of the logprobs-mode probe (vLLM takes the body's `request_id`).
 PROBE_REQUEST_ID = "harness-gym-logprobs-probe"
+CLOSE_TIMEOUT_S = 10.0
 
 
 class VLLMConfigError(EngineError):
@@ -107,8 +109,8 @@ class VLLMEngine(Engine):
     """Samples from vLLM servers over HTTP, token ids in and out.
 
     >>> engine = VLLMEngine(["http://127.0.0.1:8000"], tokenizer="/models/qwen")  # doctest: +SKIP
-    >>> with routed_by("session-1"):                                         # doctest: +SKIP
-    ...     completion = await engine.generate(prompt_ids, SamplingParams(max_tokens=64))
+    >>> completion = await engine.generate(                                  # doctest: +SKIP
+    ...     prompt_ids, SamplingParams(max_tokens=64), RequestContext(routing_key="session-1"))
 
     `tokenizer` is a tokenizer object or a local directory (or `tiny` / `smollm2`); `model_name`
     and `max_context` default to what `GET /v1/models` reports (the constructor then asks the
@@ -154,6 +156,8 @@ class VLLMEngine(Engine):
         self.model_name = model_name
         self.max_context = int(max_context)
         self._tokenizer = _load_tokenizer(tokenizer)
+        if isinstance(tokenizer, (str, Path)):
+            self.tokenizer_source = str(tokenizer)
         self.stop_token_ids = tuple(
             int(t) for t in (stop_token_ids if stop_token_ids is not None
                              else _default_stop_token_ids(self._tokenizer))
@@ -179,7 +183,10 @@ class VLLMEngine(Engine):
         return self.servers.order(key)[0]
 
     def stream(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        context: RequestContext = NO_CONTEXT,
     ) -> VLLMStream:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -187,7 +194,7 @@ class VLLMEngine(Engine):
         self.check_fits(len(prompt))
         self.servers.start()
         return VLLMStream(self, self.request_body(prompt, sampling),
-                          self.servers.order(routing_key.get()))
+                          self.servers.order(context.routing_key))
 
     def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """The `/v1/completions` JSON for a token prompt. `max_tokens` is cut to what the
@@ -286,14 +293,30 @@ class VLLMEngine(Engine):
             self._clients[loop] = client
         return client
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.servers.close)  # joins the health thread
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            try:
-                await client.aclose()
-            except RuntimeError:  # opened on another, already closed loop
-                pass
+    def close(self) -> None:
+        """Stop the health checks and close the HTTP clients, each on the event loop that
+        opened it (an `AsyncClient`'s connections belong to their loop). A client whose loop
+        has already ended is dropped: its connections went with the loop. From inside a loop,
+        `await aclose()` instead."""
+        self.servers.close()
+        clients, self._clients = dict(self._clients), {}
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, client in clients.items():
+            if loop.is_closed():
+                continue
+            if loop is current:  # waiting here would block the loop that must do the closing
+                loop.create_task(client.aclose())
+            elif loop.is_running():
+                done = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                try:
+                    done.result(CLOSE_TIMEOUT_S)
+                except (FutureTimeout, RuntimeError):  # the loop stopped meanwhile
+                    done.cancel()
+            else:
+                loop.run_until_complete(client.aclose())
 
 
 def _label_body(version: int) -> dict[str, str]:
@@ -477,16 +500,6 @@ def _default_stop_token_ids(tokenizer: Any) -> list[int]:
     return stops
 
 
-@contextmanager
-def routed_by(key: str | None) -> Iterator[None]:
-    """`with routed_by(session_id): ...` pins the streams started inside to one server."""
-    token = routing_key.set(key)
-    try:
-        yield
-    finally:
-        routing_key.reset(token)
-
-
 _OPTIONS = ("tokenizer", "model", "max_context", "ids_from", "verify_logprobs", "health_period")
 
 
@@ -524,6 +537,4 @@ __all__ = [
     "VLLMStream",
     "WeightVersionSpan",
     "load_vllm_engine",
-    "routed_by",
-    "routing_key",
 ]

@@ -21,7 +21,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     engine = load_engine("tiny")
-    with VLLMWireServer(engine) as server:
+    with VLLMWireServer(engine, logprobs_mode="processed_logprobs") as server:
         print(server.url, flush=True)
         stop.wait()
     engine.close()
