@@ -61,8 +61,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -71,16 +69,22 @@ from urllib.parse import parse_qs
 
 import httpx
 
+from ._vllm_admin import (
+    PROBE_REQUEST_ID,
+    VLLMConfigError,
+    alabel_weights,
+    label_weights,
+    probe_logprobs_mode,
+    require_processed,
+)
 from ._vllm_servers import HashRing, ServerPool
 from ._vllm_wire import (
     IDS_FROM,
-    NEUTRAL_PENALTIES,
     IdsFrom,
     RetryElsewhere,
     WeightVersionSpan,
     completion_body,
     error_for,
-    error_message,
     parse_chunk,
     policy_version_of,
     stream_error,
@@ -94,15 +98,7 @@ from .base import (
     TokenChunk,
 )
 
-log = logging.getLogger(__name__)
-
-#: `request_id` prefix of the logprobs-mode probe (vLLM takes the body's `request_id`).
-PROBE_REQUEST_ID = "harness-gym-logprobs-probe"
 CLOSE_TIMEOUT_S = 10.0
-
-
-class VLLMConfigError(EngineError):
-    """A vLLM server runs with settings that would make the traces wrong (e.g. raw logprobs)."""
 
 
 class VLLMEngine(Engine):
@@ -214,54 +210,20 @@ class VLLMEngine(Engine):
         A server that cannot be reached is skipped (it is out of service, and a restarted
         server says "default", so its calls fall back to `policy_version`)."""
         self.policy_version = int(version)
-        with httpx.Client(timeout=self._timeout) as client:
-            answers = [_post_label(client, url, version) for url in self.urls]
-        _check_labels(self.urls, answers)
+        label_weights(self.urls, version, self._timeout)
 
     async def aset_weight_version(self, version: int) -> None:
         """`set_weight_version` without blocking the event loop."""
         self.policy_version = int(version)
-        client = self._client()
-        answers = await asyncio.gather(
-            *(_apost_label(client, url, version) for url in self.urls))
-        _check_labels(self.urls, list(answers))
+        await alabel_weights(self._client(), self.urls, version)
 
     # -- server checks --------------------------------------------------------------------
 
     def _check_logprobs_mode(self, url: str) -> None:
-        """Sample with `top_k=1`: under processed logprobs the one token left has logprob 0.0
-        exactly; raw logprobs (vLLM's default) report its T=1 probability instead."""
         prompt = self._tokenizer.encode("The logprobs of this probe", add_special_tokens=False)
-        body = {
-            "model": self.model_name, "prompt": prompt or [self.stop_token_ids[0]],
-            "max_tokens": 4, "temperature": 1.0, "top_p": 1.0, "top_k": 1,
-            **NEUTRAL_PENALTIES, "logprobs": 0, "return_tokens_as_token_ids": True,
-            "request_id": f"{PROBE_REQUEST_ID}-{uuid.uuid4().hex}",
-        }
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=self._timeout)
-        if response.status_code >= 500:
-            raise RetryElsewhere(f"the logprobs probe got HTTP {response.status_code}")
-        if response.status_code != 200:
-            error = error_for(response.status_code, response.text, url, len(body["prompt"]))
-            raise VLLMConfigError(f"vLLM at {url} refused the logprobs probe: {error}")
-        try:
-            values = [float(v) for v in response.json()["choices"][0]["logprobs"]
-                      ["token_logprobs"]]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise VLLMConfigError(f"vLLM at {url} answered the logprobs probe without the "
-                                  f"sampled tokens' logprobs: {response.text[:300]}") from exc
-        if values and all(v == 0.0 for v in values):
-            self.logprobs_mode[url] = "processed_logprobs"
-            return
-        seen = "raw_logprobs" if values and all(v < 0 for v in values) else "logits or unknown"
-        self.logprobs_mode[url] = seen
-        raise VLLMConfigError(
-            f"vLLM at {url} does not report processed logprobs (looks like {seen}: a top_k=1 "
-            f"sample, whose processed logprob is exactly 0.0, came back as {values}), so p_old "
-            "would not be the probability each token was drawn with. Restart it with "
-            "`--logprobs-mode processed_logprobs` (as `trl vllm-serve` does), or pass "
-            "verify_logprobs=False ('vllm:URL?verify_logprobs=0') to accept its logprobs."
-        )
+        self.logprobs_mode[url] = probe_logprobs_mode(
+            url, self.model_name, prompt or [self.stop_token_ids[0]], self._timeout)
+        require_processed(url, self.logprobs_mode[url])
 
     def _probe_models(self) -> dict[str, Any]:
         errors = []
@@ -317,42 +279,6 @@ class VLLMEngine(Engine):
                     done.cancel()
             else:
                 loop.run_until_complete(client.aclose())
-
-
-def _label_body(version: int) -> dict[str, str]:
-    # vLLM declares `new_version: str` (pydantic does not coerce an int): send a string.
-    return {"new_version": str(int(version))}
-
-
-def _post_label(client: httpx.Client, url: str, version: int) -> httpx.Response | Exception:
-    try:
-        return client.post(f"{url}/update_weight_version", json=_label_body(version))
-    except httpx.TransportError as exc:
-        return exc
-
-
-async def _apost_label(
-    client: httpx.AsyncClient, url: str, version: int
-) -> httpx.Response | Exception:
-    try:
-        return await client.post(f"{url}/update_weight_version", json=_label_body(version))
-    except httpx.TransportError as exc:
-        return exc
-
-
-def _check_labels(urls: list[str], answers: list[httpx.Response | Exception]) -> None:
-    refused = []
-    for url, answer in zip(urls, answers):
-        if isinstance(answer, Exception):
-            log.warning("could not label the weight version on %s: %r", url, answer)
-        elif answer.status_code == 404:
-            refused.append(f"{url} has no /update_weight_version: start vLLM with "
-                           "VLLM_SERVER_DEV_MODE=1")
-        elif answer.status_code != 200:
-            refused.append(f"{url} answered HTTP {answer.status_code}: "
-                           f"{error_message(answer.text)[0]}")
-    if refused:
-        raise VLLMConfigError("could not label the weight version: " + "; ".join(refused))
 
 
 class VLLMStream:

@@ -1,0 +1,112 @@
+"""Calls to a vLLM server other than sampling: the logprobs-mode probe and weight-version
+labels (vLLM 0.33; facts in docs/design.md, "vLLM 0.33 as read")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import httpx
+
+from ._vllm_wire import NEUTRAL_PENALTIES, RetryElsewhere, error_for, error_message
+from .base import EngineError
+
+log = logging.getLogger(__name__)
+
+#: `request_id` prefix of the logprobs-mode probe (vLLM takes the body's `request_id`).
+PROBE_REQUEST_ID = "harness-gym-logprobs-probe"
+
+
+class VLLMConfigError(EngineError):
+    """A vLLM server runs with settings that would make the traces wrong (e.g. raw logprobs)."""
+
+
+def probe_logprobs_mode(url: str, model: str, prompt: list[int], timeout: httpx.Timeout) -> str:
+    """Which logprobs `url` reports: "processed_logprobs", "raw_logprobs" or "unknown".
+
+    It samples with `top_k=1`: under processed logprobs the one token left has logprob 0.0
+    exactly; raw logprobs (vLLM's default) report its T=1 log-probability, below 0. Raises
+    `RetryElsewhere` when the server could not answer, `VLLMConfigError` when it refused."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 1.0, "top_p": 1.0,
+        "top_k": 1, **NEUTRAL_PENALTIES, "logprobs": 0, "return_tokens_as_token_ids": True,
+        "request_id": f"{PROBE_REQUEST_ID}-{uuid.uuid4().hex}",
+    }
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=timeout)
+    if response.status_code >= 500:
+        raise RetryElsewhere(f"the logprobs probe got HTTP {response.status_code}")
+    if response.status_code != 200:
+        error = error_for(response.status_code, response.text, url, len(prompt))
+        raise VLLMConfigError(f"vLLM at {url} refused the logprobs probe: {error}")
+    try:
+        values = [float(v) for v in response.json()["choices"][0]["logprobs"]
+                  ["token_logprobs"]]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise VLLMConfigError(f"vLLM at {url} answered the logprobs probe without the "
+                              f"sampled tokens' logprobs: {response.text[:300]}") from exc
+    if values and all(v == 0.0 for v in values):
+        return "processed_logprobs"
+    if values and all(v < 0 for v in values):
+        return "raw_logprobs"
+    return "unknown"
+
+
+def require_processed(url: str, mode: str) -> None:
+    if mode != "processed_logprobs":
+        raise VLLMConfigError(
+            f"vLLM at {url} does not report processed logprobs (a top_k=1 sample, whose "
+            f"processed logprob is exactly 0.0, says {mode}), so p_old would not be the "
+            "probability each token was drawn with. Restart it with `--logprobs-mode "
+            "processed_logprobs` (as `trl vllm-serve` does), or pass verify_logprobs=False "
+            "('vllm:URL?verify_logprobs=0') to accept its logprobs."
+        )
+
+
+def label_weights(urls: list[str], version: int, timeout: httpx.Timeout) -> None:
+    """`POST /update_weight_version` on every server (dev mode)."""
+    with httpx.Client(timeout=timeout) as client:
+        answers = [_post_label(client, url, version) for url in urls]
+    _check_labels(urls, answers)
+
+
+async def alabel_weights(client: httpx.AsyncClient, urls: list[str], version: int) -> None:
+    """`label_weights` on an event loop."""
+    answers = await asyncio.gather(*(_apost_label(client, url, version) for url in urls))
+    _check_labels(urls, list(answers))
+
+
+def _label_body(version: int) -> dict[str, str]:
+    # vLLM declares `new_version: str` (pydantic does not coerce an int): send a string.
+    return {"new_version": str(int(version))}
+
+
+def _post_label(client: httpx.Client, url: str, version: int) -> httpx.Response | Exception:
+    try:
+        return client.post(f"{url}/update_weight_version", json=_label_body(version))
+    except httpx.TransportError as exc:
+        return exc
+
+
+async def _apost_label(
+    client: httpx.AsyncClient, url: str, version: int
+) -> httpx.Response | Exception:
+    try:
+        return await client.post(f"{url}/update_weight_version", json=_label_body(version))
+    except httpx.TransportError as exc:
+        return exc
+
+
+def _check_labels(urls: list[str], answers: list[httpx.Response | Exception]) -> None:
+    refused = []
+    for url, answer in zip(urls, answers):
+        if isinstance(answer, Exception):
+            log.warning("could not label the weight version on %s: %r", url, answer)
+        elif answer.status_code == 404:
+            refused.append(f"{url} has no /update_weight_version: start vLLM with "
+                           "VLLM_SERVER_DEV_MODE=1")
+        elif answer.status_code != 200:
+            refused.append(f"{url} answered HTTP {answer.status_code}: "
+                           f"{error_message(answer.text)[0]}")
+    if refused:
+        raise VLLMConfigError("could not label the weight version: " + "; ".join(refused))
