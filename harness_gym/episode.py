@@ -129,7 +129,8 @@ def _grade_info(graded: GradeResult | None) -> dict[str, Any]:
     if graded is None:
         return {}
     return {"f2p": asdict(graded.f2p), "p2p": asdict(graded.p2p), "failing": graded.failing,
-            "test_output": graded.test_output, "duration_s": graded.duration_s}
+            "test_output": graded.test_output, "duration_s": graded.duration_s,
+            "reason": graded.reason, "notes": graded.notes}
 
 
 class EpisodeRunner:
@@ -221,7 +222,7 @@ class EpisodeRunner:
                 graded = grade(task, sandbox, timeout_s=config.test_timeout_s)
                 outcome, patch, error = graded.outcome, graded.patch, graded.error
                 harness_failed = run.exit_code != 0 or output.error is not None
-                if outcome == "failed" and harness_failed:
+                if outcome == "failed" and harness_failed and graded.reason != "tampered":
                     outcome = "harness_error"
                     error = output.error or f"the harness exited with code {run.exit_code}"
         except Exception as exc:  # every episode ends with an outcome; ours failed, not the model

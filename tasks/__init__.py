@@ -8,10 +8,14 @@
     result = grade(tasks[0], sandbox, timeout_s=120)
     result.outcome, result.f2p, result.patch
 
-Modules: `task` (the `Task` record), `loader` (suites, deterministic repos), `grader`
-(SWE-bench grading through the sandbox seam), `validation` (is a task's gold patch passing
-every time?), `log_parsers` (test logs -> statuses, a registry),
-`diffs` (paths a patch touches). The shipped suite lives in `builtin/`, one folder per task.
+Modules: `task` (the `Task` record), `loader` (suites, deterministic repos), `grader` (grading
+through the sandbox seam, with a verdict the agent cannot forge: docs/reward-integrity.md),
+`test_scope` (what is restored before the tests run), `hardened_run` (the grader's sandbox
+commands), `sandbox_git` (git on a repository the agent controlled), `sandbox_grading` (the
+grader's in-sandbox pytest plugin and unittest hooks), `grading_report` (reading their MAC'd
+report), `validation` (is a task's gold patch passing every time?), `log_parsers` (test logs ->
+statuses, a registry), `diffs` (paths a patch touches). The shipped suite lives in `builtin/`,
+one folder per task.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CommitIdentity", "commit_hash"]
+__all__ = ["CommitIdentity", "commit_hash", "tree_entries"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,30 @@ def commit_hash(directory: Path, identity: CommitIdentity, ignore: tuple[str, ..
         b"\n" + identity.message.encode() + b"\n"
     )
     return _object_id(b"commit", body).hex()
+
+
+def tree_entries(
+    directory: Path, ignore: tuple[str, ...] = ()
+) -> dict[str, tuple[str, str]]:
+    """Every file git would commit from `directory`, as {posix path: (mode, blob id)}: what
+    `git ls-tree -r` prints for that commit, without git."""
+    found: dict[str, tuple[str, str]] = {}
+
+    def walk(current: Path, prefix: str) -> None:
+        with os.scandir(current) as scan:
+            for entry in scan:
+                if any(fnmatch.fnmatch(entry.name, pattern) for pattern in ignore):
+                    continue
+                path = prefix + entry.name
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    target = os.fsencode(os.readlink(entry.path))
+                    found[path] = ("120000", _object_id(b"blob", target).hex())
+                elif stat.S_ISDIR(info.st_mode):
+                    walk(Path(entry.path), path + "/")
+                else:
+                    mode = "100755" if info.st_mode & stat.S_IXUSR else "100644"
+                    found[path] = (mode, _object_id(b"blob", Path(entry.path).read_bytes()).hex())
+
+    walk(directory, "")
+    return found

@@ -1,53 +1,68 @@
-"""Grading a rollout with SWE-bench semantics, through the `Sandbox` seam only.
+"""Grading a rollout: the verdict depends only on what the code under test does.
 
-The candidate is whatever the agent left in `sandbox.workdir`. `grade`:
+The candidate is whatever the agent left in `sandbox.workdir`; the agent's processes are gone
+(the sandbox layer kills them before grading). `grade`:
 
-1. captures the agent's patch: everything changed since `base_commit`, untracked files included
-   (`git add -A; git diff --cached --binary base_commit`), even if the agent committed. An agent
-   that deleted or replaced `.git` broke its own repo, not our infrastructure: for a directory
-   task the base commit is rebuilt from the task's `repo/` (same hash, see `materialize`) and the
-   agent's files are graded against it, with a note; a dataset row's base cannot be rebuilt
-   outside its image, so that rollout is `failed` with an error saying why;
-2. resets every file the task's `test_patch` touches to `base_commit` (and deletes the ones the
-   test patch creates), so an agent that edited or wrote the judging tests gains nothing;
-3. applies `test_patch`, runs `install_config.test_cmd` under a timeout, parses the log;
-4. passes only if every FAIL_TO_PASS test is PASSED or XFAIL and every PASS_TO_PASS test is
-   PASSED, XFAIL or SKIPPED. A test missing from the log is a failure, so an empty parse (a
-   crash, a collection error, a parser mismatch) never passes. With `exact_test_set` (task
-   `install_config` key, or `grade(..., exact_test_set=True)`) no other test in the log may fail
-   either: our reading of SWE-rebench V2's stricter mode, where the run must show exactly the
-   F2P and P2P tests passing; tests the agent added may pass but may not fail.
+1. captures the agent's patch against `base_commit` (new files included, binary-safe, from a
+   temporary index). An agent that deleted or replaced `.git` broke its own repo, not ours: a
+   directory task's base commit is rebuilt from its `repo/` (same hash) and the agent's files
+   are graded against it, with a note; a dataset row's base exists only in its image, so that
+   rollout is `failed` (`repository_lost`);
+2. puts the test scope back as the task has it (`test_scope`: test directories and files,
+   conftests, pytest configuration, start-up hooks, bytecode caches of tests), removes what the
+   agent added there or planted for pytest to load, and applies the task's test patch;
+3. runs the test command with grader-owned settings and the grader's in-sandbox reporter
+   (`sandbox_grading`): per-test outcomes travel on a MAC'd channel the code under test cannot
+   write, and the runner is watched for tampering;
+4. passes only if every FAIL_TO_PASS and PASS_TO_PASS test PASSED: XFAIL, XPASS, SKIPPED and
+   ERROR are not passes, a test missing from the report is a failure, and so is a run whose
+   report is incomplete. With `exact_test_set` (task `install_config` key, or `grade(...,
+   exact_test_set=True)`) no other reported test may fail or error either.
 
-The log is output the agent's code can write to. Two defences against printed fake results:
-a pytest log's PASSED lines must not outnumber what pytest's own closing summary line counts
-(and with no summary at all, pytest did not finish, so no line is trusted); and a task may set
-`install_config.junit_xml = "auto"` (with `log_parser: "junit"`), which makes pytest write a
-JUnit report (through `PYTEST_ADDOPTS`) to a random path in the sandbox's HOME, outside the work
-tree, named only when the tests start, and grades from that report alone, never from stdout.
-(Code running inside that pytest session can still read the variable: this defends against
-printed output and planted files, not against a conftest that rewrites pytest's own reports.)
+`GradeResult.reason` says why: `tests_failed`, `tampered` (a check fired; `error` says which),
+`incomplete` (the runner did not finish its report: os._exit, a crash), `untrusted_log` (a log
+parser without a reporter read output it cannot trust), `repository_lost`, `timeout`, and for
+`infra_error`: `runner_missing` (no test runner in the sandbox), `test_patch` (it does not apply
+to the task's files: the task's fault, not the agent's), `sandbox`, `log_parser`.
 
-Timeouts and broken infrastructure (git unusable, test patch not applying, sandbox down) are
-reported as `timeout` and `infra_error`, never as a plain `failed`.
+Tasks whose log parser has no in-sandbox reporter (a parser registered for another framework)
+are graded from the log alone, as SWE-bench does; docs/reward-integrity.md lists what that
+leaves open.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import io
-import posixpath
-import secrets
-import shlex
-import tarfile
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..sandbox.base import ExecResult, Sandbox, SandboxError
+from ..sandbox.base import Sandbox, SandboxError
 
 from .diffs import paths_touched_by
-from .loader import BASE_COMMIT_IDENTITY, BUILD_LITTER, GIT_EXCLUDES, GIT_ISOLATION
-from .log_parsers import PYTEST_LOG_PARSERS, TestStatus, get_log_parser, pytest_session_totals
+from .grading_report import RunnerReport, read_report
+from .hardened_run import (
+    BaseCommitMissing,
+    Prepared,
+    Survey,
+    TestRun,
+    collect,
+    origin_problems,
+    prepare,
+    run_tests,
+    runner_kind,
+    survey,
+    verify_report,
+)
+from .log_parsers import TestStatus, get_log_parser, junit_summary_problems
+from .sandbox_git import (
+    PatchApplyError,
+    RepositoryLostError,
+    SandboxGitError,
+    apply_patch,
+    capture_patch,
+    ensure_base_commit,
+)
 from .task import Task
 
 __all__ = [
@@ -55,6 +70,7 @@ __all__ = [
     "GroupCounts",
     "Outcome",
     "PatchApplyError",
+    "Reason",
     "RepositoryLostError",
     "SandboxGitError",
     "apply_patch",
@@ -64,39 +80,24 @@ __all__ = [
 ]
 
 Outcome = Literal["passed", "failed", "timeout", "infra_error"]
+Reason = Literal[
+    "tests_failed",
+    "tampered",
+    "incomplete",
+    "untrusted_log",
+    "repository_lost",
+    "timeout",
+    "runner_missing",
+    "test_patch",
+    "sandbox",
+    "log_parser",
+]
 
-F2P_OK = frozenset({TestStatus.PASSED, TestStatus.XFAIL})
-P2P_OK = frozenset({TestStatus.PASSED, TestStatus.XFAIL, TestStatus.SKIPPED})
+Verdict = tuple[Outcome, Reason, str]  # when a run's statuses cannot be believed
+
+F2P_OK = frozenset({TestStatus.PASSED})  # only a genuine pass proves anything
+P2P_OK = frozenset({TestStatus.PASSED})
 OUTPUT_TAIL_CHARS = 20_000
-GIT_TIMEOUT_S = 120.0
-
-# Command-scope git config: trusted even when the checkout belongs to another uid (a container
-# volume), and it outranks anything the agent wrote into .git/config.
-_GIT_ENV = {
-    "GIT_CONFIG_COUNT": "2",
-    "GIT_CONFIG_KEY_0": "safe.directory",
-    "GIT_CONFIG_VALUE_0": "*",
-    "GIT_CONFIG_KEY_1": "core.pager",
-    "GIT_CONFIG_VALUE_1": "cat",
-    "GIT_TERMINAL_PROMPT": "0",
-}
-
-
-def _git_env(sandbox: Sandbox) -> dict[str, str]:
-    # Never search above the work dir: if the agent deleted .git, a repository enclosing the
-    # sandbox (a checkout holding the temp dir) must not be the one staged and diffed.
-    return {**_GIT_ENV, "GIT_CEILING_DIRECTORIES": posixpath.dirname(sandbox.workdir.rstrip("/"))}
-
-
-_TEST_ENV = {"CI": "1", "PAGER": "cat", "NO_COLOR": "1", "TQDM_DISABLE": "1"}
-
-
-class PatchApplyError(RuntimeError):
-    """A diff did not apply; the message holds git's (and patch's) own explanation."""
-
-
-class RepositoryLostError(RuntimeError):
-    """The agent deleted or replaced the sandbox's git repository and it cannot be rebuilt."""
 
 
 @dataclass(frozen=True)
@@ -104,23 +105,24 @@ class GroupCounts:
     """How one test group (FAIL_TO_PASS or PASS_TO_PASS) fared."""
 
     total: int = 0
-    passed: int = 0  # reached the group's bar
-    failed: int = 0  # reported, with a status below the bar
+    passed: int = 0  # PASSED
+    failed: int = 0  # reported, with another status
     missing: int = 0  # never reported: counts as a failure
 
 
 @dataclass
 class GradeResult:
     outcome: Outcome
-    tests: dict[str, TestStatus]  # every test the log reported, by node id
+    tests: dict[str, TestStatus]  # every test the runner reported, by id
     patch: str  # the agent's changes against base_commit (git diff, binary-safe)
     test_output: str  # the tail of the test run's output
     duration_s: float
     f2p: GroupCounts = field(default_factory=GroupCounts)
     p2p: GroupCounts = field(default_factory=GroupCounts)
     failing: list[str] = field(default_factory=list)  # F2P/P2P tests that kept it from passing
-    error: str | None = None  # why, for timeout and infra_error (and a failed untrusted log)
-    notes: list[str] = field(default_factory=list)  # what the grader had to repair first
+    error: str | None = None  # why, for anything but a pass or plainly failing tests
+    notes: list[str] = field(default_factory=list)  # what the grader repaired or removed first
+    reason: Reason | None = None  # None when passed
 
     @property
     def resolved(self) -> bool:
@@ -142,9 +144,9 @@ def grade(
 ) -> GradeResult:
     """Grade the agent's working tree in `sandbox` against `task`'s tests.
 
-    Grading rewrites the tree (test files reset, test patch applied, the index staged): grade a
-    sandbox once, after the agent is done. `timeout_s` bounds the test command only.
-    `exact_test_set` overrides the task's `install_config.exact_test_set` (see the module doc).
+    Grading rewrites the tree (test scope restored, test patch applied): grade a sandbox once,
+    after the agent is done. `timeout_s` bounds the test command only. `exact_test_set`
+    overrides the task's `install_config.exact_test_set` (see the module doc).
     """
     started = time.monotonic()
     base = task.base_commit or "HEAD"
@@ -153,16 +155,10 @@ def grade(
     if exact_test_set is None:
         exact_test_set = bool(task.install_config.get("exact_test_set", False))
 
-    def finish(
-        outcome: Outcome,
-        *,
-        error: str | None = None,
-        tests: dict[str, TestStatus] | None = None,
-        test_output: str = "",
-        f2p: GroupCounts = GroupCounts(),
-        p2p: GroupCounts = GroupCounts(),
-        failing: list[str] | None = None,
-    ) -> GradeResult:
+    def finish(outcome: Outcome, reason: Reason | None, *, error: str | None = None,
+               tests: dict[str, TestStatus] | None = None, test_output: str = "",
+               f2p: GroupCounts = GroupCounts(), p2p: GroupCounts = GroupCounts(),
+               failing: list[str] | None = None) -> GradeResult:  # fmt: skip
         return GradeResult(
             outcome=outcome,
             tests=dict(tests or {}),
@@ -174,55 +170,159 @@ def grade(
             failing=failing or [],
             error=error,
             notes=notes,
+            reason=reason,
         )
 
     try:
-        if note := _ensure_base_commit(task, sandbox, base):
-            notes.append(note)
-        patch = capture_patch(sandbox, base)
-        _reset_test_files(sandbox, base, paths_touched_by(task.test_patch))
-        apply_patch(sandbox, task.test_patch, allow_fuzz=False)
+        try:
+            found = survey(task, sandbox, base)
+        except BaseCommitMissing:
+            if note := ensure_base_commit(task, sandbox, base):
+                notes.append(note)
+            found = survey(task, sandbox, base)
+        patch = found.patch
+        if found.planted_above:
+            return finish("failed", "tampered", error=(
+                "pytest configuration planted above the work tree, where pytest would read it: "
+                + ", ".join(found.planted_above)
+            ))  # fmt: skip
+        prepared = prepare(task, sandbox, base, found)
+        run = run_tests(task, sandbox, prepared, timeout_s)
+        collect(task, sandbox, prepared, run)
     except PatchApplyError as error:
-        return finish("infra_error", error=f"test_patch did not apply: {error}")
+        return finish("infra_error", "test_patch", error=f"test_patch did not apply: {error}")
     except RepositoryLostError as error:
-        return finish("failed", error=str(error))
-    except (SandboxGitError, SandboxError) as error:
-        return finish("infra_error", error=str(error))
-
-    try:
-        run = _run_tests(task, sandbox, timeout_s)
-    except SandboxError as error:
-        return finish("infra_error", error=f"the test command could not run: {error}")
-    try:
-        tests = get_log_parser(task.log_parser)(run.parser_input)
-    except Exception as error:  # a plugin parser's bug is not the agent's failure
-        return finish("infra_error", error=f"log parser {task.log_parser!r} crashed: {error!r}")
+        return finish("failed", "repository_lost", error=str(error))
+    except (SandboxGitError, SandboxError, BaseCommitMissing) as error:
+        return finish("infra_error", "sandbox", error=f"{type(error).__name__}: {error}")
+    notes += _repair_notes(prepared, found)
+    if prepared.doctored:
+        return finish("failed", "tampered", error=(
+            "the repository's git objects were altered: restored test files do not hash to the "
+            f"task's blobs ({', '.join(prepared.doctored[:5])})"
+        ))  # fmt: skip
     output_tail = run.log[-OUTPUT_TAIL_CHARS:]
-    if run.result.timed_out:
-        return finish(
-            "timeout",
-            error=f"the tests ran past {timeout_s:g}s and were killed",
-            tests=tests,
-            test_output=output_tail,
-        )
+    if run.timed_out:
+        return finish("timeout", "timeout", test_output=output_tail,
+                      error=f"the tests ran past {timeout_s:g}s and were killed")  # fmt: skip
+
+    tests, verdict = _statuses(task, run, prepared, found, notes)
     outcome, f2p, p2p, failing = judge_tests(task, tests, exact_test_set=exact_test_set)
-    untrusted = _untrusted_log(task, run, tests)
-    return finish(
-        "failed" if untrusted else outcome,
-        error=untrusted,
-        tests=tests,
-        test_output=output_tail,
-        f2p=f2p,
-        p2p=p2p,
-        failing=failing,
-    )
+    reason: Reason | None = None if outcome == "passed" else "tests_failed"
+    error = None
+    if verdict is not None:  # the run cannot be believed, whatever the statuses say
+        outcome, reason, error = verdict
+    return finish(outcome, reason, error=error, tests=tests, test_output=output_tail,
+                  f2p=f2p, p2p=p2p, failing=failing)  # fmt: skip
+
+
+def _statuses(
+    task: Task, run: TestRun, prepared: Prepared, found: Survey, notes: list[str]
+) -> tuple[dict[str, TestStatus], Verdict | None]:
+    """The per-test statuses, and the verdict when the run cannot be judged on them."""
+    kind = runner_kind(task)
+    report = read_report(run.channel, prepared.keys)
+    try:
+        text = (run.junit or "") if task.log_parser == "junit" else run.log
+        parsed = get_log_parser(task.log_parser)(text)
+    except Exception as error:  # a plugin parser's bug is not the agent's failure
+        if kind is None or (kind == "junit" and not report.started):
+            why = f"log parser {task.log_parser!r} crashed: {error!r}"
+            return {}, ("infra_error", "log_parser", why)
+        parsed = {}  # only cross-checked against the runner's report
+    if kind is None or (kind == "junit" and not report.started):
+        return _log_only(task, run, parsed)
+
+    judged = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+    tampered = [*report.tampered]
+    if report.forged:
+        tampered.append(f"{report.forged} record(s) on the grader's channel failed verification")
+    tampered += verify_report(report, prepared, found)
+    tampered += origin_problems(report, judged, prepared)
+    statuses = report.statuses
+    if tampered:
+        return statuses, ("failed", "tampered", "tampered: " + "; ".join(tampered[:5]))
+    if report.errors:
+        why = "the grader's plugin failed: " + "; ".join(report.errors[:3])
+        return statuses, ("failed", "incomplete", why)
+    if not report.started and _runner_missing(run):
+        runner = "pytest" if kind != "unittest" else "python"
+        return statuses, ("infra_error", "runner_missing", (
+            f"no test runner in the sandbox: {runner} cannot be run there (exit "
+            f"{run.result.exit_code}); install it in the image. Output: {run.log[-500:].strip()}"
+        ))  # fmt: skip
+    if why := report.incomplete():
+        return statuses, ("failed", "incomplete", f"{why} (exit {run.result.exit_code})")
+    notes.extend(_cross_check(parsed, report))
+    return statuses, None
+
+
+# What the interpreter or the shell says when the runner is not there. No code of the agent's
+# runs before the grader's plugin (the work tree's shadowing modules are removed), so nothing
+# but a missing runner prints it in a run that never reported.
+_NO_RUNNER = re.compile(
+    r"No module named '?pytest'?\s*$|: (pytest|python3?): (command )?not found", re.M
+)
+
+
+def _runner_missing(run: TestRun) -> bool:
+    return run.result.exit_code == 127 or run.probe_failed or bool(_NO_RUNNER.search(run.log))
+
+
+def _log_only(
+    task: Task, run: TestRun, parsed: dict[str, TestStatus]
+) -> tuple[dict[str, TestStatus], Verdict | None]:
+    """A run with no in-sandbox reporter: the log (or the task's JUnit report) is all there is."""
+    if task.log_parser == "junit":
+        if run.junit is None and task.install_config.get("junit_xml"):
+            return parsed, ("failed", "incomplete", "the test command wrote no JUnit report")
+        if problem := junit_summary_problems(run.junit or run.log):
+            return parsed, ("failed", "untrusted_log", f"untrusted JUnit report: {problem}")
+    return parsed, None
+
+
+def _cross_check(parsed: dict[str, TestStatus], report: RunnerReport) -> list[str]:
+    """Tests the output claims passed that the runner did not: printed by the code under test."""
+    claimed = [t for t, s in parsed.items() if s == TestStatus.PASSED]
+    forged = [t for t in claimed if report.statuses.get(t) != TestStatus.PASSED]
+    if not forged:
+        return []
+    return [
+        f"the test output claims {len(forged)} pass(es) the runner did not report (printed by "
+        f"the code under test?), e.g. {forged[0]}; graded on the runner's report"
+    ]
+
+
+def _repair_notes(prepared: Prepared, found: Survey) -> list[str]:
+    notes = []
+    edited = sorted(
+        path for path in paths_touched_by(found.patch)
+        if path in found.base and path in prepared.expected and path not in found.kept_configs
+    )  # fmt: skip
+    if edited:
+        notes.append(
+            f"restored {len(edited)} test file(s) the agent changed: " + ", ".join(edited[:8])
+        )
+    if prepared.plan.neutralised:
+        shown = ", ".join(prepared.plan.neutralised[:8])
+        notes.append(
+            f"removed {len(prepared.plan.neutralised)} file(s) the agent added that pytest or "
+            f"Python would load (test files, conftests, configuration, start-up hooks): {shown}"
+        )
+    if prepared.swept:
+        notes.append(
+            f"removed {len(prepared.swept)} file(s) the agent added to test directories: "
+            + ", ".join(prepared.swept[:8])
+        )
+    return notes
 
 
 def judge_tests(
     task: Task, tests: dict[str, TestStatus], *, exact_test_set: bool = False
 ) -> tuple[Outcome, GroupCounts, GroupCounts, list[str]]:
-    """SWE-bench's verdict on parsed statuses: (outcome, f2p, p2p, failing tests). With
-    `exact_test_set`, any other reported test that FAILED or ERRORed is failing too."""
+    """The verdict on statuses: (outcome, f2p, p2p, failing tests). Only PASSED counts for
+    FAIL_TO_PASS and PASS_TO_PASS. With `exact_test_set`, any other reported test that FAILED
+    or ERRORed is failing too."""
     failing: list[str] = []
 
     def count(group: list[str], ok: frozenset[TestStatus]) -> GroupCounts:
@@ -241,251 +341,3 @@ def judge_tests(
             if test not in judged and status in (TestStatus.FAILED, TestStatus.ERROR)
         )
     return ("failed" if failing or not tests else "passed"), f2p, p2p, failing
-
-
-def _untrusted_log(task: Task, run: _TestRun, tests: dict[str, TestStatus]) -> str | None:
-    """Why a pytest log's report lines cannot be believed, or None.
-
-    Code under test (a conftest, a patched module) can print `PASSED tests/t.py::test_x` and
-    then crash or `os._exit`; pytest's closing `N passed in Xs` line is printed only by a
-    session that finished, and counts what really ran.
-    """
-    if task.log_parser not in PYTEST_LOG_PARSERS or task.install_config.get("junit_xml"):
-        return None
-    claimed = sum(status == TestStatus.PASSED for status in tests.values())
-    if not claimed:
-        return None
-    totals = pytest_session_totals(run.log)
-    if totals is None:
-        return (
-            f"untrusted test log: {claimed} test(s) reported PASSED but pytest printed no session "
-            f"summary (exit {run.result.exit_code}): pytest did not finish, so those lines may "
-            "have been printed by the code under test"
-        )
-    if claimed > totals.get("passed", 0):
-        return (
-            f"untrusted test log: {claimed} test(s) reported PASSED but pytest's summary counts "
-            f"{totals.get('passed', 0)} passed: the code under test printed some of those lines"
-        )
-    return None
-
-
-# --- git in the sandbox -------------------------------------------------------------------------
-
-
-class SandboxGitError(RuntimeError):
-    """git in the sandbox failed (no repository, unknown base commit, a timeout)."""
-
-
-def _succeeded(result: ExecResult) -> bool:
-    return result.exit_code == 0 and not result.timed_out
-
-
-def _explain(result: ExecResult) -> str:
-    """A failed command's exit and the tail of what it said, for error messages."""
-    said = (result.stderr + "\n" + result.stdout).strip()[-2000:]
-    return f"(exit {result.exit_code}{', timed out' if result.timed_out else ''}) {said}"
-
-
-def _git(sandbox: Sandbox, *args: str) -> ExecResult:
-    result = sandbox.exec(
-        ["git", *args], cwd=sandbox.workdir, env=_git_env(sandbox), timeout=GIT_TIMEOUT_S
-    )
-    if not _succeeded(result):
-        raise SandboxGitError(f"git {args[0]} failed in {sandbox.workdir} {_explain(result)}")
-    return result
-
-
-def _ensure_base_commit(task: Task, sandbox: Sandbox, base: str) -> str | None:
-    """Make sure the work dir is a git repo holding `base`; rebuild it from the task's source
-    tree if the agent deleted or replaced `.git`. Returns a note when it rebuilt."""
-    probe = sandbox.exec(
-        ["git", "cat-file", "-e", f"{base}^{{commit}}"],
-        cwd=sandbox.workdir,
-        env=_git_env(sandbox),
-        timeout=GIT_TIMEOUT_S,
-    )
-    if _succeeded(probe):
-        return None
-    if probe.exit_code == 127 or probe.timed_out:  # no git in the sandbox, or it hung
-        raise SandboxGitError(f"git cannot run in the sandbox {_explain(probe)}")
-    lost = f"the work dir has no git repository holding base commit {base} (was .git deleted?)"
-    if task.repo_dir is None or not task.base_commit:
-        raise RepositoryLostError(
-            f"{lost}; task {task.instance_id!r} is a dataset row whose base commit exists only in "
-            "its image, so the agent's changes cannot be told apart from the original code"
-        )
-    _rebuild_base_commit(task, sandbox)
-    return f"{lost}: rebuilt it from the task's repo/ and graded the agent's files against it"
-
-
-def _source_tarball(task: Task) -> bytes:
-    """The task's `repo/` as a tar, without the build litter `materialize` also leaves out."""
-    assert task.repo_dir is not None
-    buffer = io.BytesIO()
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        name = posixpath.basename(info.name)
-        return None if any(fnmatch.fnmatch(name, p) for p in BUILD_LITTER) else info
-
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for child in sorted(task.repo_dir.iterdir()):
-            tar.add(child, arcname=child.name, filter=keep)
-    return buffer.getvalue()
-
-
-def _rebuild_base_commit(task: Task, sandbox: Sandbox) -> None:
-    """Commit the task's source tree into a fresh `.git` (a side work tree, so the agent's files
-    stay as they are), then point the index at it. The identity and dates are `materialize`'s,
-    so the commit gets the task's `base_commit` hash; anything else is refused."""
-    # In HOME, like the JUnit report: some backends give every exec a fresh /tmp.
-    tmp = posixpath.join(sandbox.home, f".harness-gym-base-{secrets.token_hex(8)}")
-    scratch = sandbox.exec(["mkdir", "-p", "--", tmp], timeout=GIT_TIMEOUT_S)
-    if not _succeeded(scratch):
-        raise SandboxGitError(f"could not make a scratch dir in the sandbox {_explain(scratch)}")
-    sandbox.write_file(f"{tmp}/base.tar", _source_tarball(task))
-    git = "git -c core.autocrlf=false -c commit.gpgsign=false"
-    message = shlex.quote(BASE_COMMIT_IDENTITY.message)
-    script = "\n".join(
-        [
-            "set -e",
-            f"mkdir {shlex.quote(tmp)}/tree",
-            f"tar -xf {shlex.quote(tmp)}/base.tar -C {shlex.quote(tmp)}/tree",
-            "rm -rf .git",
-            f"{git} init -q --initial-branch=main",
-            f"{git} --work-tree={shlex.quote(tmp)}/tree add --all --force",
-            f"{git} commit -q --no-verify --allow-empty -m {message}",
-            f"printf %s {shlex.quote(GIT_EXCLUDES)} > .git/info/exclude",
-            f"{git} reset -q",
-            f"rm -rf {shlex.quote(tmp)}",
-            "git rev-parse HEAD",
-        ]
-    )
-    env = {**_git_env(sandbox), **GIT_ISOLATION, **BASE_COMMIT_IDENTITY.git_env()}
-    result = sandbox.exec(script, cwd=sandbox.workdir, env=env, timeout=GIT_TIMEOUT_S)
-    if not _succeeded(result):
-        raise SandboxGitError(f"could not rebuild the base commit {_explain(result)}")
-    if (rebuilt := result.stdout.strip().splitlines()[-1]) != task.base_commit:
-        raise SandboxGitError(
-            f"rebuilt the base commit as {rebuilt}, not {task.base_commit}: the sandbox's git "
-            "commits the task's files differently"
-        )
-
-
-def capture_patch(sandbox: Sandbox, base_commit: str = "HEAD") -> str:
-    """The agent's changes against `base_commit`, new files included, binary-safe. Stages
-    everything (the grader owns the index from here on). Raises `SandboxGitError`."""
-    _git(sandbox, "add", "--all")
-    diff = _git(
-        sandbox,
-        "diff",
-        "--cached",
-        "--binary",
-        "--no-color",
-        "--no-ext-diff",
-        "--no-textconv",
-        "--src-prefix=a/",
-        "--dst-prefix=b/",
-        base_commit,
-    )
-    return diff.stdout
-
-
-def _reset_test_files(sandbox: Sandbox, base_commit: str, paths: list[str]) -> None:
-    """Put every path back as it was at `base_commit`; delete it if it did not exist there.
-    One script, so a container backend pays one round trip, not one per file."""
-    if not paths:
-        return
-    base = shlex.quote(base_commit)
-    lines = [
-        "set -e",
-        "reset_path() {",
-        '  rm -rf -- "$1"',
-        f'  if git cat-file -e {base}:"$1" 2>/dev/null; then git checkout -q {base} -- "$1"; fi',
-        "}",
-        *(f"reset_path {shlex.quote(path)}" for path in paths),
-    ]
-    result = sandbox.exec(
-        "\n".join(lines), cwd=sandbox.workdir, env=_git_env(sandbox), timeout=GIT_TIMEOUT_S
-    )
-    if not _succeeded(result):
-        raise SandboxGitError(f"could not reset the test files to {base_commit} {_explain(result)}")
-
-
-def apply_patch(
-    sandbox: Sandbox, diff: str, *, allow_fuzz: bool = True, timeout_s: float = GIT_TIMEOUT_S
-) -> None:
-    """Apply a git diff to the sandbox's working tree (e.g. a gold patch, to validate a task).
-
-    `git apply` first; with `allow_fuzz`, then `patch --fuzz=5` as SWE-bench's harness does for
-    patches whose context drifted (dry-run first: `patch` would otherwise leave the hunks that
-    fit applied and the rest in `.rej` files). Raises `PatchApplyError` with both tools'
-    messages; a malformed or truncated diff is one of those, never another exception.
-    """
-    if not isinstance(diff, str):
-        raise PatchApplyError(f"a diff must be text, got {type(diff).__name__}")
-    if not diff.strip():
-        return
-    data = diff.encode("utf-8", errors="surrogateescape")
-    if not data.endswith(b"\n"):
-        data += b"\n"  # a diff cut at its last line reads as "corrupt patch"
-    fuzzy = ["patch", "--batch", "--forward", "--fuzz=5", "-p1"]
-    attempts = [[["git", "apply", "--verbose", "--whitespace=nowarn", "-"]]]
-    if allow_fuzz:
-        attempts.append([[*fuzzy, "--dry-run"], fuzzy])
-    messages = []
-    for steps in attempts:
-        for command in steps:
-            result = sandbox.exec(
-                command, cwd=sandbox.workdir, env=_git_env(sandbox), timeout=timeout_s, stdin=data
-            )
-            if not _succeeded(result):
-                messages.append(f"{' '.join(command[:2])} {_explain(result)}")
-                break
-        else:
-            return
-    if "\n@@ " not in diff and "GIT binary patch" not in diff:
-        first_line = diff.lstrip().splitlines()[0][:80]
-        messages.append(f"it has no hunks, so it is not a unified diff (it starts {first_line!r})")
-    raise PatchApplyError("\n".join(messages))
-
-
-# --- the test run -------------------------------------------------------------------------------
-
-
-@dataclass
-class _TestRun:
-    result: ExecResult
-    log: str  # stdout, then stderr
-    junit: bool = False  # the task names a JUnit report: statuses come from it alone
-    report: str | None = None  # that report (None: none was written)
-
-    @property
-    def parser_input(self) -> str:
-        """The report when the task has one: stdout is the agent's code talking."""
-        return (self.report or "") if self.junit else self.log
-
-
-def _run_tests(task: Task, sandbox: Sandbox, timeout_s: float) -> _TestRun:
-    junit_xml = task.install_config.get("junit_xml")
-    command, env = task.test_cmd, dict(_TEST_ENV)
-    if junit_xml == "auto":
-        # Named now, outside the work tree: nothing the agent left behind can be at this path.
-        # In HOME, not /tmp: some backends give every exec a fresh /tmp (bwrap's tmpfs).
-        junit_xml = posixpath.join(sandbox.home, f".harness-gym-junit-{secrets.token_hex(16)}.xml")
-        env["PYTEST_ADDOPTS"] = f"--junitxml={junit_xml} -o junit_family=xunit1"
-    if junit_xml:
-        # A report left behind (or planted by the agent) must not be read as this run's result.
-        command = f"rm -f -- {shlex.quote(junit_xml)}\n{command}"
-    result = sandbox.exec(command, cwd=sandbox.workdir, env=env, timeout=timeout_s)
-    run = _TestRun(result, result.stdout + ("\n" + result.stderr if result.stderr else ""))
-    if junit_xml:
-        run.junit = True
-        # Read through exec, like everything else, so every backend behaves the same.
-        quoted = shlex.quote(junit_xml)
-        report = sandbox.exec(
-            f"cat -- {quoted} && rm -f -- {quoted}", cwd=sandbox.workdir, timeout=GIT_TIMEOUT_S
-        )
-        if report.exit_code == 0 and not result.timed_out:
-            run.report = report.stdout  # no report: the tests stay missing, failing the grade
-    return run

@@ -26,6 +26,7 @@ __all__ = [
     "log_parser_names",
     "parse_junit_xml",
     "parse_pytest_log",
+    "junit_summary_problems",
     "parse_unittest_log",
     "pytest_session_totals",
     "register_log_parser",
@@ -250,6 +251,38 @@ def parse_junit_xml(log: str) -> dict[str, TestStatus]:
         for case in root.iter("testcase"):
             _record(statuses, _junit_test_id(case), _junit_status(case))
     return statuses
+
+
+def junit_summary_problems(log: str) -> str | None:
+    """Why a JUnit report does not add up, or None: each `<testsuite>` states how many tests,
+    failures, errors and skips it holds, and a report assembled by hand (printed by the code
+    under test, or planted) rarely keeps those in step with its test cases."""
+    seen = False
+    for document in _JUNIT_DOCUMENT.finditer(log):
+        try:
+            root = ElementTree.fromstring(document.group(0))
+        except ElementTree.ParseError:
+            return "a report document is not well-formed XML"
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        for suite in suites:
+            cases = list(suite.iter("testcase"))
+            seen = seen or bool(cases)
+            counts = {
+                "tests": len(cases),
+                "failures": sum(c.find("failure") is not None for c in cases),
+                "errors": sum(c.find("error") is not None for c in cases),
+                "skipped": sum(c.find("skipped") is not None for c in cases),
+            }
+            for name, actual in counts.items():
+                stated = suite.get(name)
+                if stated is None and name == "tests":
+                    return f"testsuite {suite.get('name')!r} does not say how many tests it ran"
+                if stated is not None and stated.strip() != str(actual):
+                    return (
+                        f"testsuite {suite.get('name')!r} states {name}={stated} but holds "
+                        f"{actual} such test case(s)"
+                    )
+    return None if seen else "no test cases"
 
 
 # --- registry -----------------------------------------------------------------------------------

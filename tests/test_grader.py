@@ -1,5 +1,6 @@
-"""The grader: SWE-bench semantics through the sandbox seam, against agents that cheat, hang or
-leave odd trees; the log parsers against real pytest output; dataset rows from JSONL."""
+"""The grader: SWE-bench semantics (only stricter) through the sandbox seam, against agents that
+cheat, hang or leave odd trees; runs that end badly; other test frameworks; task validation.
+The attack classes on bwrap and docker are in test_grader_attacks.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness_gym.tasks import (
+    GradeResult,
     GroupCounts,
     PatchApplyError,
     TestStatus,
@@ -40,6 +42,7 @@ FLAKY = FIXTURES["fixture__flaky-2"]  # eight P2P tests pass by a coin flip
 UNITTEST = FIXTURES["fixture__unittest-3"]  # python -m unittest -v, log_parser "unittest"
 BADPATCH = FIXTURES["fixture__badpatch-4"]  # its gold patch is cut off mid-hunk
 JUNIT = FIXTURES["fixture__junit-5"]  # junit_xml "auto": graded from a report outside the tree
+CALC = FIXTURES["fixture__calc-6"]  # P2P tests in a file the test patch does not touch
 
 
 # --- agents that touch the judging tests --------------------------------------------------------
@@ -151,6 +154,7 @@ def test_a_run_that_reports_no_tests_is_a_failure_not_a_pass(tmp_path: Path):
     with task_sandbox(silent, tmp_path) as sandbox:
         result = grade(silent, sandbox, timeout_s=60)
     assert result.outcome == "failed"
+    assert result.reason == "incomplete"  # pytest never ran, so it never reported
     assert result.tests == {}
     assert result.f2p.missing == len(SPANS.FAIL_TO_PASS)
     assert result.p2p.missing == len(SPANS.PASS_TO_PASS)
@@ -230,16 +234,35 @@ def test_grading_with_junit_xml_ignores_a_report_the_agent_planted(tmp_path: Pat
     )
     with task_sandbox(junit, tmp_path / "cheat") as sandbox:
         write(sandbox, "report.xml", f"<testsuites><testsuite>{planted}</testsuite></testsuites>")
-        write(sandbox, "tests/conftest.py", "import os\nos._exit(0)\n")  # no report this run
         cheated = grade(junit, sandbox, timeout_s=120)
-    assert cheated.outcome == "failed"
-    assert cheated.tests == {}
+    assert cheated.outcome == "failed" and cheated.reason == "tests_failed"
+    assert all(cheated.tests[t] == TestStatus.FAILED for t in SPANS.FAIL_TO_PASS)
 
     with task_sandbox(junit, tmp_path / "gold") as sandbox:
         apply_patch(sandbox, SPANS.patch)
         fixed = grade(junit, sandbox, timeout_s=120)
     assert fixed.outcome == "passed", fixed.failing
     assert set(fixed.tests) == set(SPANS.FAIL_TO_PASS + SPANS.PASS_TO_PASS)
+
+
+def test_a_junit_report_from_another_tool_must_add_up(tmp_path: Path):
+    def report(stated: int) -> str:
+        cases = "".join(f'<testcase classname="t" name="{n}"/>' for n in ("f2p", "p2p"))
+        return f'<testsuite name="s" tests="{stated}" failures="0">{cases}</testsuite>'
+
+    tool = replace(SPANS, FAIL_TO_PASS=["t::f2p"], PASS_TO_PASS=["t::p2p"], install_config={
+        "test_cmd": "cat > out.xml <<'EOF'\n{}\nEOF", "log_parser": "junit", "junit_xml": "out.xml"})
+
+    def graded(xml: str) -> GradeResult:
+        task = replace(tool, install_config={
+            **tool.install_config, "test_cmd": tool.install_config["test_cmd"].format(xml)})
+        with task_sandbox(task, tmp_path / str(len(xml))) as sandbox:
+            return grade(task, sandbox, timeout_s=60)
+
+    assert graded(report(2)).outcome == "passed"  # no pytest, no plugin: the report is read
+    forged = graded(report(5) + " ")
+    assert forged.outcome == "failed" and forged.reason == "untrusted_log"
+    assert "states tests=5 but holds 2" in (forged.error or "")
 
 
 def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
@@ -272,40 +295,37 @@ def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
 
 # --- agents that print fake results --------------------------------------------------------------
 
-# A conftest the agent leaves behind: it gets past pytest's output capture and prints a PASSED
-# line for every judged test, then...
+# Code under test (the package's __init__, imported by the tests) that gets past pytest's output
+# capture and prints a PASSED line for every judged test, then...
 _FAKE_LINES = """
-import os
-import sys
-
-def pytest_configure(config):
-    config.pluginmanager.getplugin("capturemanager").suspend_global_capture(in_=True)
-    for test_id in {ids!r}:
-        print("PASSED " + test_id)
-    sys.stdout.flush()
+import gc, os, sys
+for _obj in gc.get_objects():
+    if type(_obj).__name__ == "CaptureManager":
+        _obj.suspend_global_capture(in_=True)
+for _test in {ids!r}:
+    print("PASSED " + _test)
+sys.stdout.flush()
 """
-_EXIT_EARLY = "    os._exit(1)\n"  # ...dies before pytest can print its own summary, or
-_DESELECT_F2P = """
-def pytest_collection_modifyitems(config, items):
-    items[:] = [item for item in items if item.nodeid not in {f2p!r}]
-"""  # ...lets pytest run, but without the tests that would fail.
+_EXIT_EARLY = "os._exit(0)\n"  # ...dies before pytest can report, or lets pytest carry on
 
 
-@pytest.mark.parametrize("ending", ["exit-early", "deselect-f2p"])
+@pytest.mark.parametrize("ending", ["exit-early", "carry-on"])
 def test_passed_lines_printed_by_the_code_under_test_do_not_pass(tmp_path: Path, ending: str):
-    conftest = _FAKE_LINES.format(ids=KVCONF.FAIL_TO_PASS + KVCONF.PASS_TO_PASS)
+    code = _FAKE_LINES.format(ids=KVCONF.FAIL_TO_PASS + KVCONF.PASS_TO_PASS)
     if ending == "exit-early":
-        conftest += _EXIT_EARLY
-    else:
-        conftest += _DESELECT_F2P.format(f2p=KVCONF.FAIL_TO_PASS)
+        code += _EXIT_EARLY
     with task_sandbox(KVCONF, tmp_path) as sandbox:
-        write(sandbox, "tests/conftest.py", conftest)
+        init = read(sandbox, "kvconf/__init__.py")
+        write(sandbox, "kvconf/__init__.py", code + init)
         result = grade(KVCONF, sandbox, timeout_s=120)
     assert result.outcome == "failed"
-    assert all(result.tests[t] == TestStatus.PASSED for t in KVCONF.FAIL_TO_PASS)  # fooled parser
-    assert (result.error or "").startswith("untrusted test log")
-    expected = "no session summary" if ending == "exit-early" else "pytest's summary counts"
-    assert expected in (result.error or "")
+    assert "PASSED " + KVCONF.FAIL_TO_PASS[0] in result.test_output  # the lines were printed
+    if ending == "exit-early":
+        assert result.reason == "incomplete"
+        assert "never finished" in (result.error or "")
+    else:  # the runner's own report says the F2P test failed, whatever was printed
+        assert result.reason == "tests_failed"
+        assert result.tests[KVCONF.FAIL_TO_PASS[0]] == TestStatus.FAILED
 
 
 def test_a_junit_report_outside_the_tree_ignores_fake_lines_and_fake_xml_on_stdout(
@@ -315,24 +335,24 @@ def test_a_junit_report_outside_the_tree_ignores_fake_lines_and_fake_xml_on_stdo
         f'<testcase file="tests/test_double.py" classname="x" name="{t.split("::")[1]}"/>'
         for t in JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS
     )
-    conftest = (
+    code = (
         _FAKE_LINES.format(ids=JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS)
-        + f"    print('<testsuites><testsuite>{fake_xml}</testsuite></testsuites>')\n"
-        + "    sys.stdout.flush()\n    os._exit(0)\n"
+        + f"print('<testsuites><testsuite>{fake_xml}</testsuite></testsuites>')\n"
+        + "sys.stdout.flush()\nos._exit(0)\n"
     )
     with task_sandbox(JUNIT, tmp_path / "cheat") as sandbox:
-        write(sandbox, "tests/conftest.py", conftest)
+        write(sandbox, "double.py", code + read(sandbox, "double.py"))
         cheated = grade(JUNIT, sandbox, timeout_s=120)
-    assert cheated.outcome == "failed"
+    assert cheated.outcome == "failed" and cheated.reason == "incomplete"
     assert cheated.tests == {}
 
     with task_sandbox(JUNIT, tmp_path / "gold") as sandbox:
         apply_patch(sandbox, JUNIT.patch)
         fixed = grade(JUNIT, sandbox, timeout_s=120)
-        leftovers = sandbox.exec("ls -a ~ | grep -c harness-gym-junit || true").stdout.strip()
+        leftovers = sandbox.exec("ls -a ~ | grep -c harness-gym || true").stdout.strip()
     assert fixed.outcome == "passed", (fixed.error, fixed.test_output)
     assert set(fixed.tests) == set(JUNIT.FAIL_TO_PASS + JUNIT.PASS_TO_PASS)
-    assert leftovers == "0"  # the grader removes its report
+    assert leftovers == "0"  # the grader removes its report and its directory
 
 
 def test_pytest_session_totals_sum_every_session_and_read_quiet_summaries():
@@ -431,17 +451,22 @@ def test_the_unittest_parser_reads_django_and_python_3_11_styles():
 
 
 def test_exact_test_set_also_fails_a_run_where_another_test_failed(tmp_path: Path):
-    exact = replace(KVCONF, install_config={**KVCONF.install_config, "exact_test_set": True})
-    with task_sandbox(KVCONF, tmp_path) as sandbox:
-        apply_patch(sandbox, KVCONF.patch)
-        write(sandbox, "tests/test_extra.py", "def test_mine():\n    assert False\n")
-        write(sandbox, "tests/test_more.py", "def test_also_mine():\n    pass\n")
-        lenient = grade(KVCONF, sandbox, timeout_s=120)
-        strict = grade(exact, sandbox, timeout_s=120)  # grading again re-resets the test files
+    floats = "tests/test_other.py::test_add_floats"
+    unjudged = replace(CALC, PASS_TO_PASS=[t for t in CALC.PASS_TO_PASS if t != floats])
+    exact = replace(unjudged, install_config={**CALC.install_config, "exact_test_set": True})
+    regression = "def add(a, b):\n    return round(a + b)\n"
+    with task_sandbox(CALC, tmp_path) as sandbox:
+        apply_patch(sandbox, CALC.patch)
+        write(sandbox, "calc/core.py", read(sandbox, "calc/core.py").replace(
+            "def add(a, b):\n    return a + b\n", regression))
+        write(sandbox, "tests/test_mine.py", "def test_mine():\n    assert False\n")
+        lenient = grade(unjudged, sandbox, timeout_s=120)
+        strict = grade(exact, sandbox, timeout_s=120)  # grading again re-restores the test files
     assert lenient.outcome == "passed"  # SWE-bench: tests outside F2P/P2P don't count
+    assert "tests/test_mine.py" in " ".join(lenient.notes)  # the agent's own test is removed
     assert strict.outcome == "failed"
-    assert strict.failing == ["tests/test_extra.py::test_mine"]  # an extra test may pass
-    assert judge_tests(KVCONF, lenient.tests, exact_test_set=True)[0] == "failed"
+    assert strict.failing == [floats]
+    assert judge_tests(unjudged, lenient.tests, exact_test_set=True)[0] == "failed"
 
 
 # --- the verdict --------------------------------------------------------------------------------
@@ -451,15 +476,35 @@ def test_exact_test_set_also_fails_a_run_where_another_test_failed(tmp_path: Pat
     "f2p_status,p2p_status,outcome",
     [
         (TestStatus.PASSED, TestStatus.PASSED, "passed"),
-        (TestStatus.XFAIL, TestStatus.XFAIL, "passed"),
-        (TestStatus.PASSED, TestStatus.SKIPPED, "passed"),
-        (TestStatus.SKIPPED, TestStatus.PASSED, "failed"),  # a skipped F2P test proves nothing
+        (TestStatus.XFAIL, TestStatus.PASSED, "failed"),  # SWE-bench counts XFAIL; we don't
+        (TestStatus.PASSED, TestStatus.XFAIL, "failed"),
+        (TestStatus.PASSED, TestStatus.SKIPPED, "failed"),  # a skipped P2P test proves nothing
+        (TestStatus.SKIPPED, TestStatus.PASSED, "failed"),
         (TestStatus.XPASS, TestStatus.PASSED, "failed"),
+        (TestStatus.PASSED, TestStatus.XPASS, "failed"),
         (TestStatus.PASSED, TestStatus.ERROR, "failed"),
-        (TestStatus.PASSED, None, "failed"),  # a P2P test missing from the log
+        (TestStatus.PASSED, None, "failed"),  # a P2P test missing from the report
     ],
 )
-def test_the_verdict_follows_swe_bench(f2p_status, p2p_status, outcome):
+def test_only_a_genuine_pass_counts_for_f2p_and_p2p(f2p_status, p2p_status, outcome):
     task = replace(SPANS, FAIL_TO_PASS=["t::f2p"], PASS_TO_PASS=["t::p2p"])
     tests = {"t::f2p": f2p_status, **({"t::p2p": p2p_status} if p2p_status else {})}
     assert judge_tests(task, tests)[0] == outcome
+
+
+def test_a_dataset_row_is_restored_from_its_own_git_tree(tmp_path: Path):
+    """A row has no repo/ on the host: the base listing comes from the sandbox's git tree."""
+    row = replace(CALC, repo_dir=None)
+    hide = "def test_add_floats():\n    pass\n\n\ndef test_add_is_commutative():\n    pass\n"
+    with task_sandbox(CALC, tmp_path / "gold") as sandbox:
+        apply_patch(sandbox, CALC.patch)
+        gold = grade(row, sandbox, timeout_s=120)
+    with task_sandbox(CALC, tmp_path / "cheat") as sandbox:
+        apply_patch(sandbox, CALC.patch)
+        write(sandbox, "calc/core.py", read(sandbox, "calc/core.py").replace(
+            "return a + b", "return round(a + b)"))
+        write(sandbox, "tests/test_other.py", hide)
+        cheat = grade(row, sandbox, timeout_s=120)
+    assert gold.outcome == "passed", (gold.error, gold.test_output[-2000:])
+    assert cheat.outcome == "failed" and cheat.failing == ["tests/test_other.py::test_add_floats"]
+    assert "tests/test_other.py" in " ".join(cheat.notes)
