@@ -19,8 +19,7 @@ import orjson
 
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
-from .model_call import CallFinished
-from .tool_parsers import ParseEvent, TextDelta, ToolCallDone
+from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -210,7 +209,7 @@ class MessageWriter:
             "ping", {"type": "ping"}
         )
 
-    def feed(self, event: ParseEvent | CallFinished) -> bytes:
+    def feed(self, event: AnswerEvent) -> bytes:
         if isinstance(event, TextDelta):
             if not event.text:
                 return b""

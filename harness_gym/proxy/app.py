@@ -23,7 +23,8 @@ from ..engines.base import Engine
 from . import anthropic_messages, openai_chat, openai_responses
 from .errors import ProxyError
 from .canonical import ChatRequest
-from .model_call import KeepAlive, PreparedCall, ProxySettings, prepare_call
+from .events import AnswerWriter, KeepAlive
+from .model_call import PreparedCall, ProxySettings, prepare_call
 from .sessions import ProxySession, SessionRegistry
 from .wire import field, parse_json_body
 
@@ -35,7 +36,7 @@ class Dialect:
     """What differs between the wire formats; everything else is shared."""
 
     parse: Callable[[dict[str, Any]], ChatRequest]
-    writer: Callable[[str, ChatRequest, int], Any]  # (model, request, prompt_tokens) -> writer
+    writer: Callable[[str, ChatRequest, int], AnswerWriter]  # (model, request, prompt_tokens)
     error_body: Callable[[ProxyError], dict[str, Any]]
     error_status: Callable[[ProxyError], int]
 
@@ -163,7 +164,7 @@ class ProxyApp:
         return body
 
     @staticmethod
-    async def _stream(call: PreparedCall, writer: Any) -> AsyncIterator[bytes]:
+    async def _stream(call: PreparedCall, writer: AnswerWriter) -> AsyncIterator[bytes]:
         yield writer.start()
         try:
             async for event in call.events():

@@ -3,9 +3,11 @@
 `prepare_call` does everything that can reject a request (prompt building, the context check,
 and an engine that fails at once), so a dialect can still answer with an HTTP error; afterwards
 `PreparedCall.events()` streams `TextDelta` / `ToolCallDone` as tokens are sampled and ends with
-`CallFinished`. While a long prefill keeps the first token away, `events()` yields `KeepAlive`
-every `keepalive_s`, so a streaming dialect can send pings and CLIs with idle timers wait. Whatever happens to the stream (finished, client gone, engine failure) the trace
+`CallFinished` (see `events`). While a long prefill keeps the first token away, `events()`
+yields `KeepAlive` every `keepalive_s`, so a streaming dialect can send pings and CLIs with idle
+timers wait. Whatever happens to the stream (finished, client gone, engine failure) the trace
 gets exactly one consistent entry: a committed call, or an aborted one marked incomplete.
+The text and tool-call work per chunk lives in `answer`; this module wires it to the engine.
 """
 
 from __future__ import annotations
@@ -25,25 +27,13 @@ from ..engines.base import (
     RequestContext,
     TokenChunk,
 )
+from .answer import AnswerText, ParsedAnswer
 from .bridge import ContextStillTooLong, PromptPlan
-from .canonical import AssistantTurn, ChatRequest, ToolCall
-from .detokenize import IncrementalDetokenizer
+from .canonical import ChatRequest
 from .errors import ProxyError
+from .events import CallEvent, CallFinished, KeepAlive
 from .sessions import ProxySession
-from .tool_parsers import ParseEvent, TextDelta, ToolCallDone, make_tool_call_parser
-
-
-@dataclass(frozen=True)
-class CallFinished:
-    turn: AssistantTurn
-    prompt_tokens: int
-    completion_tokens: int
-    stop_sequence: str | None = None  # the client's stop string that ended the answer
-
-
-@dataclass(frozen=True)
-class KeepAlive:
-    """Nothing sampled yet (long prefill): a streaming answer sends a ping."""
+from .tool_parsers import make_tool_call_parser
 
 
 @dataclass(frozen=True)
@@ -101,68 +91,51 @@ class PreparedCall:
     def prompt_tokens(self) -> int:
         return len(self.plan.prompt_ids)
 
-    async def events(self) -> AsyncIterator[ParseEvent | KeepAlive | CallFinished]:
+    async def events(self) -> AsyncIterator[CallEvent]:
         self._consumed = True
-        detokenizer = IncrementalDetokenizer(self.engine.tokenizer)
-        parser = make_tool_call_parser(self.engine.tool_call_format)
-        stops = self.request.sampling.stop
-        text_so_far = ""
-        text_parts: list[str] = []
-        tool_calls: list[ToolCall] = []
-        finish = None
-        stop_hit = None
+        text = AnswerText(self.engine.tokenizer, self.request.sampling.stop)
+        answer = ParsedAnswer(make_tool_call_parser(self.engine.tool_call_format))
         try:
             self._report(finished=False)  # before the prefill ends: the call has started
-            while not self._first.done():
-                await asyncio.wait({self._first}, timeout=self._keepalive_s)
-                if not self._first.done():
-                    yield KeepAlive()
+            async for ping in keepalives_until(self._first, self._keepalive_s):
+                yield ping
             chunk = _first_result(self._first)
             while chunk is not None:
                 self.completion.add(chunk)
                 self._report(finished=False)
-                text = detokenizer.push(chunk.token_ids)
-                if chunk.finish_reason is not None:
-                    text += detokenizer.flush()
-                if stops and text:
-                    cut = _first_stop(text_so_far + text, stops, len(text_so_far))
-                    text_so_far += text
-                    if cut is not None:
-                        text = text[: max(0, cut - (len(text_so_far) - len(text)))]
-                        finish = "stop"
-                        stop_hit = next(s for s in stops if text_so_far.startswith(s, cut))
-                for event in parser.feed(text):
-                    _collect(event, text_parts, tool_calls)
+                for event in answer.feed(text.push(chunk)):
                     yield event
-                if finish or chunk.finish_reason is not None:
+                if text.stop_hit is not None or chunk.finish_reason is not None:
                     break
                 chunk = await anext(self._stream, None)
             self._take_server_version()
-            for event in parser.finish():
-                _collect(event, text_parts, tool_calls)
+            for event in answer.finish():
                 yield event
         except BaseException:
-            self._first.cancel()
-            self.completion.finish_reason = "abort"
-            self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
-            self._report(finished=True)
+            self._abort()
             raise
         finally:
             # Shielded: when the client went away this runs inside a cancelled scope, and the
             # engine must still hear that the request is over.
             with anyio.CancelScope(shield=True):
                 await self._stream.aclose()
-        if finish == "stop" and self.completion.finish_reason != "stop":
+        yield self._commit(answer, text.stop_hit)
+
+    def _commit(self, answer: ParsedAnswer, stop_hit: str | None) -> CallFinished:
+        """Record the finished answer; a stop string that ended it makes it a "stop"."""
+        if stop_hit is not None:
             self.completion.finish_reason = "stop"
-        reason = self.completion.finish_reason
-        turn = AssistantTurn(
-            content="".join(text_parts),
-            tool_calls=tuple(tool_calls),
-            finish_reason="tool_calls" if tool_calls and reason == "stop" else reason,
-        )
+        turn = answer.turn(self.completion.finish_reason)
         self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
         self._report(finished=True)
-        yield CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids), stop_hit)
+        return CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids), stop_hit)
+
+    def _abort(self) -> None:
+        """Keep what was sampled before the call ended early, marked incomplete."""
+        self._first.cancel()
+        self.completion.finish_reason = "abort"
+        self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
+        self._report(finished=True)
 
     async def run(self) -> CallFinished:
         """Consume the whole call (non-streaming answers)."""
@@ -255,6 +228,16 @@ async def _truncated_plan(
         raise _context_error(ContextLengthExceeded(exc.prompt_tokens, engine.max_context)) from None
 
 
+async def keepalives_until(
+    first: asyncio.Future[TokenChunk | None], interval_s: float
+) -> AsyncIterator[KeepAlive]:
+    """A `KeepAlive` every `interval_s` until the engine's first chunk is there."""
+    while not first.done():
+        await asyncio.wait({first}, timeout=interval_s)
+        if not first.done():
+            yield KeepAlive()
+
+
 def _first_result(first: asyncio.Future[TokenChunk | None]) -> TokenChunk | None:
     """The engine's first chunk, its failure mapped to the error a client can act on."""
     try:
@@ -274,21 +257,3 @@ def _context_error(exc: ContextLengthExceeded) -> ProxyError:
         prompt_tokens=exc.prompt_tokens,
         max_context=exc.max_context,
     )
-
-
-def _collect(event: ParseEvent, text_parts: list[str], tool_calls: list[ToolCall]) -> None:
-    if isinstance(event, TextDelta):
-        text_parts.append(event.text)
-    elif isinstance(event, ToolCallDone):
-        tool_calls.append(event.call)
-
-
-def _first_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None:
-    """Index in `text` where the earliest stop string starts, looking only at matches that end
-    after `search_from` (earlier text was already checked)."""
-    best = None
-    for stop in stops:
-        at = text.find(stop, max(0, search_from - len(stop) + 1))
-        if at >= 0 and (best is None or at < best):
-            best = at
-    return best

@@ -23,8 +23,7 @@ from .canonical import (
     ToolSpec,
 )
 from .errors import ProxyError, invalid
-from .model_call import CallFinished
-from .tool_parsers import ParseEvent, TextDelta, ToolCallDone
+from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -250,7 +249,7 @@ class ChatWriter:
     def keepalive(self) -> bytes:
         return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
 
-    def feed(self, event: ParseEvent | CallFinished) -> bytes:
+    def feed(self, event: AnswerEvent) -> bytes:
         if isinstance(event, TextDelta):
             return self._delta({"content": event.text})
         if isinstance(event, ToolCallDone):

@@ -17,9 +17,8 @@ import orjson
 
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
-from .model_call import CallFinished
+from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .openai_chat import error_body
-from .tool_parsers import ParseEvent, TextDelta, ToolCallDone
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -213,7 +212,7 @@ class ResponseWriter:
         return (self._event("response.created", response=head)
                 + self._event("response.in_progress", response=head))
 
-    def feed(self, event: ParseEvent | CallFinished) -> bytes:
+    def feed(self, event: AnswerEvent) -> bytes:
         if isinstance(event, TextDelta):
             if not event.text:
                 return b""

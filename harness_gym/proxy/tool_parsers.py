@@ -11,25 +11,12 @@ Whitespace is held back until non-whitespace text follows: the newlines a model 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 
 from .canonical import ToolCall
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDone:
-    call: ToolCall
-
-
-ParseEvent = TextDelta | ToolCallDone
+from .events import ParseEvent, TextDelta, ToolCallDone
 
 
 def new_tool_call_id() -> str:

@@ -1,0 +1,66 @@
+"""What one model call tells the dialect writing its answer, and the writer's contract.
+
+A call (`model_call.PreparedCall.events`) yields `TextDelta` and `ToolCallDone` as the answer is
+sampled and parsed, `KeepAlive` while nothing has been sampled yet (a long prefill), and ends
+with one `CallFinished`. Each dialect turns these into its wire format through an
+`AnswerWriter`; dialects depend on this module, never on the call machinery behind it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .canonical import AssistantTurn, ToolCall
+from .errors import ProxyError
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Answer text that can be shown now."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    """A complete tool call (tool calls are sent whole, once their closing tag is sampled)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class CallFinished:
+    """The answer is over and recorded in the trace."""
+
+    turn: AssistantTurn
+    prompt_tokens: int
+    completion_tokens: int
+    stop_sequence: str | None = None  # the client's stop string that ended the answer
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing sampled yet (long prefill): a streaming answer sends a ping."""
+
+
+ParseEvent = TextDelta | ToolCallDone
+AnswerEvent = TextDelta | ToolCallDone | CallFinished
+CallEvent = AnswerEvent | KeepAlive
+
+
+class AnswerWriter(Protocol):
+    """One answer in one dialect. Streaming: `start()`, then `feed()` per event (`keepalive()`
+    for pings), `error_event()` if the call fails after the answer started. Not streaming:
+    `feed()` every event, then `body()`. Both paths run the same `feed`, so a streamed answer
+    and a plain one carry the same content."""
+
+    def start(self) -> bytes: ...
+
+    def feed(self, event: AnswerEvent) -> bytes: ...
+
+    def keepalive(self) -> bytes: ...
+
+    def error_event(self, error: ProxyError) -> bytes: ...
+
+    def body(self) -> dict[str, Any]: ...
