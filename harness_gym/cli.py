@@ -15,12 +15,17 @@ from typing import Any
 
 def _serve(args: argparse.Namespace) -> int:
     from .proxy import InterceptionProxy
+    from .proxy.settings import settings_from_flags
 
+    admin_key = args.admin_key or os.environ.get("HARNESS_GYM_ADMIN_KEY")
     proxy = InterceptionProxy(
-        args.engine, host=args.host, port=args.port, admin_key=args.admin_key
+        args.engine, host=args.host, port=args.port, admin_key=admin_key,
+        settings=settings_from_flags(args),
     ).start()
     print(f"harness-gym proxy serving {proxy.engine.model_name} at {proxy.url}", flush=True)
     print(f"  OpenAI base URL: {proxy.base_url}   new session: POST {proxy.url}/sessions", flush=True)
+    if not admin_key:  # made up at start: the only way to learn it
+        print(f"  admin key (for /sessions): {proxy.admin_key}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -173,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine", default="tiny", help="engine spec: tiny, smollm2, hf:PATH, ...")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=0, help="port (default: any free port)")
-    serve.add_argument("--admin-key", default=None, help="key required by /sessions routes")
+    serve.add_argument(
+        "--admin-key", default=None,
+        help="key the /sessions routes require (default: $HARNESS_GYM_ADMIN_KEY, else a random "
+             "key printed at start)")
+    from .proxy.settings import add_setting_flags
+
+    add_setting_flags(serve)
     serve.set_defaults(handler=_serve)
 
     harnesses = commands.add_parser(

@@ -282,6 +282,7 @@ _ERRORS = {
     "invalid_request": ("invalid_request_error", 400),
     "context_length": ("invalid_request_error", 400),
     "authentication": ("authentication_error", 401),
+    "forbidden": ("permission_error", 403),
     "not_found": ("not_found_error", 404),
     "too_large": ("request_too_large", 413),
     "rate_limited": ("rate_limit_error", 429),

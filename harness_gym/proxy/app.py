@@ -1,13 +1,20 @@
 """The proxy's HTTP surface (an ASGI app): dialect routes plus the admin routes.
 
-Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`);
-admin routes (`/sessions`, `/health`) with the optional admin key. Every failure is answered in
-the dialect the caller speaks, never as a bare 500 page.
+Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`) and
+reach only that session; the admin routes (`/sessions...`) take only the admin key (a session
+key gets a 403, so an agent can neither open, read nor close any session, its own included).
+Every failure is answered in the dialect the caller speaks, never as a bare 500 page.
+
+A request's body is read within the byte limit, then parsed, checked against the message and
+tool caps and turned into prompt ids in a worker thread, so a large request never stalls the
+event loop that streams other sessions' answers; at most two large ones are worked on at once.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +28,15 @@ from starlette.routing import Route
 
 from ..engines.base import Engine
 from . import anthropic_messages, openai_chat, openai_responses
-from .errors import ProxyError
+from .bridge import PromptPlan
 from .canonical import ChatRequest
+from .errors import ProxyError
 from .events import AnswerWriter, KeepAlive
-from .model_call import PreparedCall, ProxySettings, prepare_call
+from .model_call import PreparedCall, plan_prompt, prompt_budget, start_call
+from .rendering import PromptTooLong
+from .request_limits import ClientGone, check_counts, check_message_count, read_body
 from .sessions import ProxySession, SessionRegistry
+from .settings import ProxySettings
 from .wire import field, parse_json_body
 
 log = logging.getLogger(__name__)
@@ -36,6 +47,7 @@ class Dialect:
     """What differs between the wire formats; everything else is shared."""
 
     parse: Callable[[dict[str, Any]], ChatRequest]
+    items_param: str  # the body's list of messages (input items), capped at max_messages
     writer: Callable[[str, ChatRequest, int], AnswerWriter]  # (model, request, prompt_tokens)
     error_body: Callable[[ProxyError], dict[str, Any]]
     error_status: Callable[[ProxyError], int]
@@ -46,22 +58,37 @@ class Dialect:
 
 OPENAI_CHAT = Dialect(
     parse=openai_chat.parse_chat_request,
+    items_param="messages",
     writer=lambda model, chat, _: openai_chat.ChatWriter(model, chat.include_usage),
     error_body=openai_chat.error_body,
     error_status=lambda error: error.status,
 )
 ANTHROPIC_MESSAGES = Dialect(
     parse=anthropic_messages.parse_messages_request,
+    items_param="messages",
     writer=lambda model, _, prompt_tokens: anthropic_messages.MessageWriter(model, prompt_tokens),
     error_body=anthropic_messages.error_body,
     error_status=anthropic_messages.error_status,
 )
 OPENAI_RESPONSES = Dialect(
     parse=openai_responses.parse_responses_request,
+    items_param="input",
     writer=lambda model, chat, _: openai_responses.ResponseWriter(model, chat),
     error_body=openai_chat.error_body,
     error_status=lambda error: error.status,
 )
+
+
+COUNT_TOKENS = Dialect(
+    parse=lambda body: anthropic_messages.parse_messages_request(body, require_max_tokens=False),
+    items_param="messages",
+    writer=ANTHROPIC_MESSAGES.writer,
+    error_body=anthropic_messages.error_body,
+    error_status=anthropic_messages.error_status,
+)
+LARGE_BODY_BYTES = 1024 * 1024  # bodies above this share a small pool of workers
+LARGE_REQUESTS_AT_ONCE = 2
+ADMIN_BODY_BYTES = 64 * 1024  # POST /sessions takes a few fields
 
 
 def session_key(request: Request) -> str | None:
@@ -79,15 +106,18 @@ class ProxyApp:
         engine: Engine,
         sessions: SessionRegistry,
         *,
+        admin_key: str,
         settings: ProxySettings | None = None,
-        admin_key: str | None = None,
         base_url: str = "",
     ) -> None:
+        if not admin_key:
+            raise ValueError("the proxy's admin routes need an admin key")
         self.engine = engine
         self.sessions = sessions
         self.settings = settings or ProxySettings()
         self.admin_key = admin_key
         self.base_url = base_url
+        self._large_requests: anyio.CapacityLimiter | None = None  # made on the loop
         routes = [
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/chat/completions", self.chat_completions, methods=["POST"]),
@@ -129,8 +159,9 @@ class ProxyApp:
             return dialect.error_response(error)
         streaming = False
         try:
-            chat = dialect.parse(parse_json_body(await self._body(request)))
-            call = await prepare_call(session, self.engine, chat, self.settings)
+            started = time.perf_counter()
+            chat, plan = await self._parse_and_plan(request, dialect, session)
+            call = await start_call(session, self.engine, chat, plan, self.settings, started)
             writer = dialect.writer(chat.model or self.engine.model_name, chat, call.prompt_tokens)
             if chat.stream:
                 streaming = True
@@ -147,21 +178,41 @@ class ProxyApp:
             return JSONResponse(writer.body())
         except ProxyError as error:
             return dialect.error_response(error)
+        except ClientGone:
+            return Response(status_code=400)  # nobody is left to read it
         except Exception as exc:  # the engine failed mid-call; the call is recorded aborted
             return dialect.error_response(ProxyError("overloaded", f"the engine failed: {exc}"))
         finally:
             if not streaming:  # a stream releases its slot when it ends
                 session.release_call_slot()
 
-    async def _body(self, request: Request) -> bytes:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise ProxyError("too_large", f"Request body of {declared} bytes exceeds {limit}.")
-        body = await request.body()
-        if len(body) > limit:
-            raise ProxyError("too_large", f"Request body of {len(body)} bytes exceeds {limit}.")
-        return body
+    async def _parse_and_plan(
+        self, request: Request, dialect: Dialect, session: ProxySession
+    ) -> tuple[ChatRequest, PromptPlan]:
+        raw = await read_body(request, self.settings.max_body_bytes)
+
+        def work() -> tuple[ChatRequest, PromptPlan]:
+            chat = self._parse(raw, dialect)
+            return chat, plan_prompt(session, self.engine, chat, self.settings)
+
+        return await self._off_loop(work, len(raw))
+
+    def _parse(self, raw: bytes, dialect: Dialect) -> ChatRequest:
+        body = parse_json_body(raw)
+        check_counts(body, dialect.items_param, self.settings)
+        chat = dialect.parse(body)
+        check_message_count(chat, self.settings)
+        return chat
+
+    async def _off_loop(self, work: Callable[[], Any], size: int) -> Any:
+        """Run CPU-bound request work in a worker thread; large requests queue for a small
+        pool, so a burst of them bounds the memory they take."""
+        limiter = None
+        if size > LARGE_BODY_BYTES:
+            if self._large_requests is None:
+                self._large_requests = anyio.CapacityLimiter(LARGE_REQUESTS_AT_ONCE)
+            limiter = self._large_requests
+        return await anyio.to_thread.run_sync(work, limiter=limiter)
 
     @staticmethod
     async def _stream(call: PreparedCall, writer: AnswerWriter) -> AsyncIterator[bytes]:
@@ -194,16 +245,26 @@ class ProxyApp:
         return await self._dialect_call(request, OPENAI_RESPONSES)
 
     async def count_tokens(self, request: Request) -> Response:
-        """The prompt's real token count, as the bridge would build it; nothing is recorded."""
+        """The prompt's real token count, as the bridge would build it; nothing is recorded.
+        A prompt far over the context is counted only until that is clear."""
         try:
             session = self._session(request)
-            chat = anthropic_messages.parse_messages_request(
-                parse_json_body(await request.body()), require_max_tokens=False
-            )
+            raw = await read_body(request, self.settings.max_body_bytes)
+            budget = prompt_budget(self.engine)
+
+            def count() -> int:
+                chat = self._parse(raw, COUNT_TOKENS)
+                try:
+                    return len(session.bridge.plan(chat, budget).prompt_ids)
+                except PromptTooLong as exc:
+                    return exc.prompt_tokens
+
+            tokens = await self._off_loop(count, len(raw))
         except ProxyError as error:
-            return ANTHROPIC_MESSAGES.error_response(error)
-        plan = await anyio.to_thread.run_sync(session.bridge.plan, chat)
-        return JSONResponse({"input_tokens": len(plan.prompt_ids)})
+            return COUNT_TOKENS.error_response(error)
+        except ClientGone:
+            return Response(status_code=400)
+        return JSONResponse({"input_tokens": tokens})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(
@@ -237,19 +298,34 @@ class ProxyApp:
 
     # --- admin routes -------------------------------------------------------------------
 
+    def _is_admin(self, request: Request) -> bool:
+        key = session_key(request) or ""
+        return hmac.compare_digest(key.encode(), self.admin_key.encode())
+
     def _check_admin(self, request: Request) -> None:
-        if self.admin_key is not None and session_key(request) != self.admin_key:
-            raise ProxyError("authentication", "admin routes need the proxy's admin key")
+        if self._is_admin(request):
+            return
+        key = session_key(request)
+        if key and self.sessions.is_session_key(key):
+            raise ProxyError(
+                "forbidden", "A session key cannot use the admin routes (/sessions): they take "
+                "the proxy's admin key."
+            )
+        raise ProxyError(
+            "authentication", "The admin routes (/sessions) need the proxy's admin key, sent as "
+            "a Bearer token or in x-api-key (harness-gym serve prints it at start)."
+        )
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse(
-            {"status": "ok", "model": self.engine.model_name, "sessions": len(self.sessions)}
-        )
+        status = {"status": "ok", "model": self.engine.model_name}
+        if self._is_admin(request):
+            status["sessions"] = len(self.sessions)
+        return JSONResponse(status)
 
     async def create_session(self, request: Request) -> Response:
         try:
             self._check_admin(request)
-            raw = await request.body()
+            raw = await read_body(request, ADMIN_BODY_BYTES)
             body = parse_json_body(raw) if raw.strip() else {}
             version = field(body, "policy_version", int, "policy_version")
             session = self.sessions.open(
@@ -259,6 +335,8 @@ class ProxyApp:
             )
         except ProxyError as error:
             return self._openai_error(error)
+        except ClientGone:
+            return Response(status_code=400)
         return JSONResponse(
             {"session_id": session.session_id, "api_key": session.session_id,
              "base_url": self.base_url},

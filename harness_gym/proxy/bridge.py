@@ -25,10 +25,14 @@ from typing import Literal
 from ..engines.base import Completion
 from ..trace import CallRecord, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
-from .rendering import PromptRenderer, TemplateNotIncremental
+from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
 
 
 TRUNCATED_TOOL_RESULT = "[tool output removed by harness-gym: the context was full]"
+
+
+class TraceFrozen(Exception):
+    """The session ended: its trace takes no more calls."""
 
 
 class ContextStillTooLong(Exception):
@@ -75,13 +79,18 @@ class PromptBridge:
         self._turns: dict[bytes, TurnNode] = {}  # chain after our turn -> node
         self._requests: dict[bytes, TurnNode] = {}  # chain of a request -> its node
         self._agent_tools_key: bytes | None = None
+        self._frozen = False
 
-    def plan(self, request: ChatRequest) -> PromptPlan:
-        tools_key = request.tools_key()
-        chain = [tools_key]
-        for message in request.messages:
-            chain.append(_chain(chain[-1], message.semantic_key()))
-        request_key = chain[-1]
+    def freeze(self) -> None:
+        """No call is recorded from now on (the session ended; its owner has the trace)."""
+        with self._lock:
+            self._frozen = True
+
+    def plan(self, request: ChatRequest, budget: int | None = None) -> PromptPlan:
+        """The prompt for `request`. With a `budget`, a prompt that clearly has more tokens
+        raises `PromptTooLong` after about that much tokenizing, whatever the request's size."""
+        chain = self._chain(request)
+        request_key, tools_key = chain[-1], chain[0]
         with self._lock:
             retried = self._requests.get(request_key)
             if retried is not None:
@@ -97,42 +106,80 @@ class PromptBridge:
                     continue
                 try:
                     inserted = self.renderer.render_after(
-                        parent.assistant, request.messages[position + 1 :], parent.turn_closed
+                        parent.assistant, request.messages[position + 1 :], parent.turn_closed,
+                        None if budget is None else max(0, budget - parent.end),
                     )
                 except TemplateNotIncremental:
                     break
+                except PromptTooLong as exc:
+                    raise PromptTooLong(parent.end + exc.prompt_tokens) from None
                 segment = self.trace.segments[parent.segment]
                 prompt = segment.tokens[: parent.end]
                 prompt.extend(inserted)
                 return PromptPlan(prompt, request_key, tools_key, "extend", parent, tuple(inserted))
-        prompt = self.renderer.render_full(request.messages, request.tools)
+        prompt = self.renderer.render_full(request.messages, request.tools, budget)
         return PromptPlan(prompt, request_key, tools_key, "new")
 
-    def plan_truncated(self, request: ChatRequest, fits: Callable[[int], bool]) -> PromptPlan:
-        """A prompt for a request too long for the model: the oldest tool results are blanked,
-        one at a time, until `fits(prompt_len)`. The prompt no longer extends earlier tokens,
-        so it starts a new segment; its turn is remembered under the *original* request's
-        chain, so the CLI's next call (full history + our turn) extends the truncated segment.
-        Raises `ContextStillTooLong` when blanking every tool result is not enough."""
-        original = self.plan(request)
-        messages = list(request.messages)
-        blanked = 0
-        for index, message in enumerate(messages):
-            if message.role != "tool" or message.content == TRUNCATED_TOOL_RESULT:
-                continue
-            messages[index] = replace(message, content=TRUNCATED_TOOL_RESULT)
-            blanked += 1
-            prompt = self.renderer.render_full(messages, request.tools)
-            if fits(len(prompt)):
-                return PromptPlan(prompt, original.request_key, original.tools_key, "new",
-                                  truncated_tool_results=blanked)
-        raise ContextStillTooLong(len(original.prompt_ids) if not blanked else len(prompt))
+    @staticmethod
+    def _chain(request: ChatRequest) -> list[bytes]:
+        """The chain values: seeded with the tool list's key, one more per message."""
+        chain = [request.tools_key()]
+        for message in request.messages:
+            chain.append(_chain(chain[-1], message.semantic_key()))
+        return chain
+
+    def plan_truncated(
+        self, request: ChatRequest, fits: Callable[[int], bool], budget: int | None = None
+    ) -> PromptPlan:
+        """A prompt for a request too long for the model: the oldest tool results are blanked
+        until `fits(prompt_len)`, as few as possible (found by bisection: each try renders the
+        whole conversation, so trying them one by one would be quadratic). The prompt no longer
+        extends earlier tokens, so it starts a new segment; its turn is remembered under the
+        *original* request's chain, so the CLI's next call (full history + our turn) extends the
+        truncated segment. Raises `ContextStillTooLong` when blanking every tool result is not
+        enough."""
+        chain = self._chain(request)
+        tool_results = [i for i, m in enumerate(request.messages)
+                        if m.role == "tool" and m.content != TRUNCATED_TOOL_RESULT]
+        tried: dict[int, list[int] | PromptTooLong] = {}
+
+        def render(blanked: int) -> list[int] | PromptTooLong:
+            if blanked not in tried:
+                messages = list(request.messages)
+                for index in tool_results[:blanked]:
+                    messages[index] = replace(messages[index], content=TRUNCATED_TOOL_RESULT)
+                try:
+                    tried[blanked] = self.renderer.render_full(messages, request.tools, budget)
+                except PromptTooLong as exc:
+                    tried[blanked] = exc
+            return tried[blanked]
+
+        def fitting(blanked: int) -> bool:
+            prompt = render(blanked)
+            return not isinstance(prompt, PromptTooLong) and fits(len(prompt))
+
+        low, high = 1, len(tool_results)
+        if not tool_results or not fitting(high):
+            last = render(high)
+            raise ContextStillTooLong(
+                last.prompt_tokens if isinstance(last, PromptTooLong) else len(last))
+        while low < high:
+            middle = (low + high) // 2
+            if fitting(middle):
+                high = middle
+            else:
+                low = middle + 1
+        prompt = render(high)
+        assert not isinstance(prompt, PromptTooLong)
+        return PromptPlan(prompt, chain[-1], chain[0], "new", truncated_tool_results=high)
 
     def commit(
         self, plan: PromptPlan, completion: Completion, turn: AssistantTurn, latency_s: float
     ) -> TurnNode:
         """Record a finished call and remember its turn for later calls to extend."""
         with self._lock:
+            if self._frozen:
+                raise TraceFrozen("the session ended before this call finished")
             kind, segment_index = self._place(plan)
             segment = self.trace.segments[segment_index]
             prompt_end = len(segment.tokens) + len(plan.inserted_ids if kind == "extend" else ())
@@ -175,6 +222,8 @@ class PromptBridge:
         """Keep what was sampled before an abort, in its own segment marked incomplete, so it is
         neither lost nor stitched into a segment a trainer would learn from."""
         with self._lock:
+            if self._frozen:
+                return
             segment = TraceSegment(
                 "discarded", list(plan.prompt_ids), len(plan.prompt_ids), incomplete=True
             )

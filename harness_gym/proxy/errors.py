@@ -8,7 +8,8 @@ from typing import Literal
 ErrorKind = Literal[
     "invalid_request",  # 400: malformed JSON, wrong field types, missing fields
     "context_length",  # 400: prompt does not fit the model's context
-    "authentication",  # 401: unknown session key
+    "authentication",  # 401: unknown, closed or expired session key; missing admin key
+    "forbidden",  # 403: a session key on an admin route
     "not_found",  # 404
     "too_large",  # 413: the request body is over the proxy's limit
     "rate_limited",  # 429: the session has too many calls in flight
@@ -20,6 +21,7 @@ STATUS: dict[str, int] = {
     "invalid_request": 400,
     "context_length": 400,
     "authentication": 401,
+    "forbidden": 403,
     "not_found": 404,
     "too_large": 413,
     "rate_limited": 429,

@@ -4,6 +4,7 @@ A call (`model_call.PreparedCall.events`) yields `TextDelta` and `ToolCallDone` 
 sampled and parsed, `KeepAlive` while nothing has been sampled yet (a long prefill), and ends
 with one `CallFinished`. Each dialect turns these into its wire format through an
 `AnswerWriter`; dialects depend on this module, never on the call machinery behind it.
+`CallProgress` is what an observer of all calls (a progress display) is told.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ class CallFinished:
 @dataclass(frozen=True)
 class KeepAlive:
     """Nothing sampled yet (long prefill): a streaming answer sends a ping."""
+
+
+@dataclass(frozen=True)
+class CallProgress:
+    """Where one model call stands, for `ProxySettings.on_progress` (a live progress display).
+
+    Reported when the call starts sampling (0 tokens), after each chunk, and once finished."""
+
+    session_id: str
+    prompt_tokens: int
+    completion_tokens: int  # sampled so far
+    finished: bool
 
 
 ParseEvent = TextDelta | ToolCallDone

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import anyio
 
@@ -28,37 +27,14 @@ from ..engines.base import (
     TokenChunk,
 )
 from .answer import AnswerText, ParsedAnswer
-from .bridge import ContextStillTooLong, PromptPlan
+from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
 from .errors import ProxyError
-from .events import CallEvent, CallFinished, KeepAlive
-from .sessions import ProxySession
+from .events import CallEvent, CallFinished, CallProgress, KeepAlive
+from .rendering import PromptTooLong
+from .sessions import SESSION_CLOSED_DURING_CALL, ProxySession
+from .settings import ProxySettings
 from .tool_parsers import make_tool_call_parser
-
-
-@dataclass(frozen=True)
-class CallProgress:
-    """Where one model call stands, for `ProxySettings.on_progress` (a live progress display).
-
-    Reported when the call starts sampling (0 tokens), after each chunk, and once finished."""
-
-    session_id: str
-    prompt_tokens: int
-    completion_tokens: int  # sampled so far
-    finished: bool
-
-
-@dataclass
-class ProxySettings:
-    default_max_tokens: int = 4096
-    # How long a call waits for the engine's first token before the answer starts (so an engine
-    # that is down still gets a proper HTTP error), and how often it pings after that.
-    first_token_grace_s: float = 1.0
-    keepalive_s: float = 5.0
-    max_body_bytes: int = 32 * 1024 * 1024  # 413 above this
-    max_calls_in_flight_per_session: int = 16  # 429 above this: a runaway client, not an agent
-    # Observer of every call's progress; runs on the proxy's event loop, so it must be quick.
-    on_progress: Callable[[CallProgress], None] | None = None
 
 
 class PreparedCall:
@@ -101,6 +77,7 @@ class PreparedCall:
                 yield ping
             chunk = _first_result(self._first)
             while chunk is not None:
+                self.session.check_open()  # an ended session stops its calls at the next chunk
                 self.completion.add(chunk)
                 self._report(finished=False)
                 for event in answer.feed(text.push(chunk)):
@@ -126,12 +103,16 @@ class PreparedCall:
         if stop_hit is not None:
             self.completion.finish_reason = "stop"
         turn = answer.turn(self.completion.finish_reason)
-        self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
+        try:
+            self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
+        except TraceFrozen:
+            raise ProxyError("authentication", SESSION_CLOSED_DURING_CALL) from None
         self._report(finished=True)
         return CallFinished(turn, self.prompt_tokens, len(self.completion.token_ids), stop_hit)
 
     def _abort(self) -> None:
-        """Keep what was sampled before the call ended early, marked incomplete."""
+        """Keep what was sampled before the call ended early, marked incomplete (unless the
+        session ended: its trace is final)."""
         self._first.cancel()
         self.completion.finish_reason = "abort"
         self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
@@ -172,21 +153,55 @@ class PreparedCall:
             ))
 
 
-async def prepare_call(
+def plan_prompt(
     session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
-) -> PreparedCall:
-    started = time.perf_counter()
-    plan = await anyio.to_thread.run_sync(session.bridge.plan, request)
-    prompt_len = len(plan.prompt_ids)
+) -> PromptPlan:
+    """The prompt ids for `request` (bridged where it extends an earlier call), checked
+    against the engine's context; an overflow is the context error, or a truncated prompt
+    where the session asked for that. Synchronous and CPU-bound: run it in a worker thread.
+
+    Tokenizing stops early a quarter past the context: a longer prompt is refused either way
+    (its error then says "at least N tokens"), and what it costs must not grow with what a
+    client sends."""
+    budget = prompt_budget(engine)
     try:
-        engine.check_fits(prompt_len)
-    except ContextLengthExceeded as exc:
-        if session.context_overflow != "truncate":
-            raise _context_error(exc) from None
-        plan = await _truncated_plan(session, engine, request, settings, exc)
-        prompt_len = len(plan.prompt_ids)
+        plan = session.bridge.plan(request, budget)
+        engine.check_fits(len(plan.prompt_ids))
+        return plan
+    except (ContextLengthExceeded, PromptTooLong) as exc:
+        overflow = (exc if isinstance(exc, ContextLengthExceeded)
+                    else ContextLengthExceeded(exc.prompt_tokens, engine.max_context))
+    if session.context_overflow != "truncate":
+        raise _context_error(overflow)
+    # Room for an answer (the session's token cap, within a quarter of the context), and cut
+    # down to three quarters of what is left, so the next turns extend this segment instead of
+    # each truncating (and forking) again.
+    reserve = min(session.sampling.get("max_tokens", settings.default_max_tokens),
+                  engine.max_context // 4)
+    low_water = (engine.max_context - reserve) * 3 // 4
+    try:
+        return session.bridge.plan_truncated(request, lambda n: n <= low_water, budget)
+    except ContextStillTooLong as exc:
+        raise _context_error(ContextLengthExceeded(exc.prompt_tokens, engine.max_context)) from None
+
+
+def prompt_budget(engine: Engine) -> int:
+    """How many prompt tokens are worth counting exactly for this engine."""
+    return engine.max_context + engine.max_context // 4
+
+
+async def start_call(
+    session: ProxySession,
+    engine: Engine,
+    request: ChatRequest,
+    plan: PromptPlan,
+    settings: ProxySettings,
+    started: float,
+) -> PreparedCall:
+    """Send the planned prompt to the engine and wait up to `first_token_grace_s` for its first
+    chunk, so an engine that fails at once still gets an HTTP error."""
     sampling = session.sampling_params(
-        request.sampling, prompt_len, engine.max_context, settings.default_max_tokens
+        request.sampling, len(plan.prompt_ids), engine.max_context, settings.default_max_tokens
     )
     context = RequestContext(routing_key=session.session_id, policy_version=session.policy_version)
     try:
@@ -208,24 +223,13 @@ async def prepare_call(
     )
 
 
-async def _truncated_plan(
-    session: ProxySession,
-    engine: Engine,
-    request: ChatRequest,
-    settings: ProxySettings,
-    overflow: ContextLengthExceeded,
-) -> PromptPlan:
-    # Room for an answer (the session's token cap, within a quarter of the context), and cut
-    # down to three quarters of what is left, so the next turns extend this segment instead of
-    # each truncating (and forking) again.
-    reserve = min(session.sampling.get("max_tokens", settings.default_max_tokens),
-                  engine.max_context // 4)
-    low_water = (engine.max_context - reserve) * 3 // 4
-    fits = lambda n: n <= low_water  # noqa: E731
-    try:
-        return await anyio.to_thread.run_sync(session.bridge.plan_truncated, request, fits)
-    except ContextStillTooLong as exc:
-        raise _context_error(ContextLengthExceeded(exc.prompt_tokens, engine.max_context)) from None
+async def prepare_call(
+    session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
+) -> PreparedCall:
+    """`plan_prompt` in a worker thread, then `start_call`."""
+    started = time.perf_counter()
+    plan = await anyio.to_thread.run_sync(plan_prompt, session, engine, request, settings)
+    return await start_call(session, engine, request, plan, settings, started)
 
 
 async def keepalives_until(

@@ -279,6 +279,7 @@ _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
     "context_length": ("invalid_request_error", "context_length_exceeded"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
+    "forbidden": ("invalid_request_error", "forbidden"),
     "not_found": ("invalid_request_error", "not_found"),
     "too_large": ("invalid_request_error", "request_too_large"),
     "rate_limited": ("requests", "rate_limit_exceeded"),

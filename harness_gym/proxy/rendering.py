@@ -7,11 +7,17 @@ Two ways in:
   new messages) and the text before the new messages is cut away, so the cost is independent of
   the history's length and earlier tokens are never re-tokenized. What the template writes after
   the end-of-turn token (ChatML's "\\n" after `<|im_end|>`) is the `turn_tail`, computed once.
+
+Tokenizing is bounded by a token budget, not by the request's size: a 4 MB text took 6 s and
+800 MB in one `encode` call (measured), so long texts are encoded piece by piece, split after
+each end-of-turn token (an added token: the tokenizer splits there itself, so the ids are the
+same), and a request that is clearly over budget stops early with `PromptTooLong`. Long texts
+go through `encode_batch_fast`, which releases the GIL, so other sessions' calls keep running.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -19,6 +25,19 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from .canonical import Message, ToolSpec
 
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
+_SHORT_TEXT = 256  # chars: below this the plain `encode` is quicker than the batch call
+_WINDOW = 128 * 1024  # chars: a longer piece is first counted window by window
+_WINDOW_SLACK = 8  # tokens a window boundary may add or remove versus the whole piece
+_MESSAGE_SLACK = 4  # tokens a message's edges may merge into the template text around it
+
+
+class PromptTooLong(Exception):
+    """Tokenizing stopped early: the text has at least `prompt_tokens` tokens, more than the
+    budget it was given."""
+
+    def __init__(self, prompt_tokens: int) -> None:
+        super().__init__(f"at least {prompt_tokens} tokens")
+        self.prompt_tokens = prompt_tokens
 
 
 class TemplateNotIncremental(RuntimeError):
@@ -39,21 +58,99 @@ class PromptRenderer:
         self._encode = self._pick_encoder()
         self.end_of_turn_text, self.turn_tail = self._find_turn_end()
         self.end_of_turn_ids = self.encode(self.end_of_turn_text)
+        self._split_marker = self._pick_split_marker()
 
-    def encode(self, text: str) -> list[int]:
-        return self._encode(text)
+    def encode(self, text: str, budget: int | None = None) -> list[int]:
+        """The ids of `text`; with a `budget`, `PromptTooLong` once they clearly exceed it
+        (the work done before stopping is about `budget` tokens, whatever the text's size)."""
+        # A token covers at least one UTF-8 byte, at most 4 per character.
+        if budget is None or 4 * len(text) <= budget:
+            return self._encode(text)
+        ids: list[int] = []
+        for piece in self._pieces(text):
+            left = budget - len(ids)
+            if len(piece) > _WINDOW and 4 * len(piece) > left:
+                self._count_windows(piece, left, len(ids))
+            ids.extend(self._encode(piece))
+            if len(ids) > budget:
+                raise PromptTooLong(len(ids))
+        return ids
 
-    def _pick_encoder(self):
+    def _pieces(self, text: str) -> list[str]:
+        marker = self._split_marker
+        if marker is None or marker not in text:
+            return [text]
+        parts = text.split(marker)
+        return [part + marker for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+    def _count_windows(self, piece: str, left: int, before: int) -> None:
+        """Raise `PromptTooLong` if `piece` clearly has more than `left` tokens; encoding it
+        whole would cost memory in proportion to its size."""
+        over = self._clearly_more_than(piece, left)
+        if over is not None:
+            raise PromptTooLong(before + over)
+
+    def _clearly_more_than(self, text: str, limit: int, slack: int = 0) -> int | None:
+        """A lower bound on the tokens of `text` once that bound passes `limit` (None if it
+        never does), counted window by window and stopping as soon as it is clear. `slack`:
+        tokens the caller's own boundaries may account for."""
+        count = boundaries = 0
+        for start in range(0, len(text), _WINDOW):
+            count += len(self._encode(text[start : start + _WINDOW]))
+            boundaries += 1
+            bound = count - _WINDOW_SLACK * boundaries - slack
+            if bound > limit:
+                return bound
+        return None
+
+    def _refuse_clearly_too_long(self, messages: Sequence[Message], budget: int | None) -> None:
+        """Before rendering many times the budget's worth of text (the template engine holds
+        the GIL the whole time), check the messages' text alone: the prompt holds all of it,
+        so if it is clearly over the budget, so is the prompt."""
+        if budget is None or sum(len(m.content) for m in messages) <= 2 * budget:
+            return
+        over = self._clearly_more_than(
+            "\n".join(m.content for m in messages), budget, _MESSAGE_SLACK * len(messages))
+        if over is not None:
+            raise PromptTooLong(over)
+
+    def _pick_encoder(self) -> Callable[[str], list[int]]:
         # The Rust tokenizer directly: transformers' wrapper adds ~50% to every call and gives
-        # the same ids (checked at start-up below).
+        # the same ids (checked here). `encode_batch_fast` (no offsets) is faster from a few
+        # hundred characters on and releases the GIL while it works.
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            probe = "<|im_start|>user\nçé 中文 \t  x\n\n"
-            if backend.encode(probe, add_special_tokens=False).ids == self.tokenizer.encode(
-                probe, add_special_tokens=False
-            ):
-                return lambda text: backend.encode(text, add_special_tokens=False).ids
+            long_probe = "<|im_start|>user\nçé 中文 \t  x\n\n" * 20
+            short_probe = long_probe[:40]
+            fast = getattr(backend, "encode_batch_fast", backend.encode_batch)
+
+            def encode(text: str) -> list[int]:
+                if len(text) < _SHORT_TEXT:
+                    return backend.encode(text, add_special_tokens=False).ids
+                return fast([text], add_special_tokens=False)[0].ids
+
+            if all(encode(p) == self.tokenizer.encode(p, add_special_tokens=False)
+                   for p in (short_probe, long_probe)):
+                return encode
         return lambda text: self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _pick_split_marker(self) -> str | None:
+        """The end-of-turn text, if the tokenizer splits its input there by itself (an added
+        token that strips nothing around it), so pieces split after it encode to the same ids."""
+        marker = self.end_of_turn_text
+        ids = self._encode(marker)
+        if len(ids) != 1:
+            return None
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}).get(ids[0])
+        if added is None or added.lstrip or added.rstrip or added.single_word:
+            return None
+        probe = f"a {marker}\n b\n{marker} \n{marker}{marker}x"
+        whole = self._encode(probe)
+        parts = probe.split(marker)
+        pieces = [p + marker for p in parts[:-1]] + [parts[-1]]
+        if [i for p in pieces for i in self._encode(p)] != whole:
+            return None
+        return marker
 
     def render_text(
         self,
@@ -70,18 +167,26 @@ class PromptRenderer:
         )
         return rendered[0]
 
-    def render_full(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:
+    def render_full(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], budget: int | None = None
+    ) -> list[int]:
+        self._refuse_clearly_too_long(messages, budget)
         text = self.render_text(
             [m.template_dict() for m in messages], [t.template_dict() for t in tools]
         )
-        return self.encode(text)
+        return self.encode(text, budget)
 
     def render_after(
-        self, assistant: Message, new_messages: Sequence[Message], turn_closed: bool
+        self,
+        assistant: Message,
+        new_messages: Sequence[Message],
+        turn_closed: bool,
+        budget: int | None = None,
     ) -> list[int]:
         """Ids of what follows our sampled assistant turn: the end-of-turn token when sampling
         stopped without one (max_tokens), the template's turn tail, the new messages and the
         generation prompt."""
+        self._refuse_clearly_too_long(new_messages, budget)
         stand_in = [_PLACEHOLDER_USER, assistant.template_dict()]
         before = self.render_text(stand_in, add_generation_prompt=False)
         after = self.render_text(stand_in + [m.template_dict() for m in new_messages])
@@ -92,7 +197,7 @@ class PromptRenderer:
         text = self.turn_tail + after[len(before) :]
         if not turn_closed:
             text = self.end_of_turn_text + text
-        return self.encode(text)
+        return self.encode(text, budget)
 
     def _find_turn_end(self) -> tuple[str, str]:
         """The end-of-turn marker the template writes after an assistant turn, and the text it

@@ -1,10 +1,17 @@
-"""Sessions: one per rollout. The API key a CLI sends *is* the session id."""
+"""Sessions: one per rollout. The API key a CLI sends *is* the session id.
+
+A session ends when its owner closes it or when it has had no call for `idle_timeout_s`
+(a rollout whose owner crashed must not hold memory for ever); at most `max_sessions` are open
+at once. A key of an ended session keeps getting a 401 that says why, and a call still running
+when its session ends records nothing: the trace its owner took at close is the final one.
+"""
 
 from __future__ import annotations
 
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +83,7 @@ class ProxySession:
         self.bridge = PromptBridge(self.renderer, self.trace)
         self.closed = False
         self.calls_in_flight = 0  # touched on the proxy's event loop only
+        self.last_active = time.monotonic()
 
     def acquire_call_slot(self, limit: int) -> None:
         """Take one of the session's `limit` concurrent-call slots, or raise a 429."""
@@ -86,9 +94,20 @@ class ProxySession:
                 "retry when one finishes.",
             )
         self.calls_in_flight += 1
+        self.last_active = time.monotonic()
 
     def release_call_slot(self) -> None:
         self.calls_in_flight -= 1
+        self.last_active = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the last call started or ended; 0 while a call runs."""
+        return 0.0 if self.calls_in_flight else now - self.last_active
+
+    def check_open(self) -> None:
+        """Raise when the session ended while one of its calls was running."""
+        if self.closed:
+            raise ProxyError("authentication", SESSION_CLOSED_DURING_CALL)
 
     def sampling_params(
         self, request: SamplingRequest, prompt_len: int, max_context: int, default_max_tokens: int
@@ -113,11 +132,28 @@ class ProxySession:
         }
 
 
+SESSION_CLOSED_DURING_CALL = (
+    "This harness-gym session was closed while the call ran (the episode is over); the answer "
+    "is not recorded."
+)
+
+
 class SessionRegistry:
-    def __init__(self, renderer: PromptRenderer) -> None:
+    """The open sessions, the cap on their number and their idle expiry. Thread-safe: the env
+    opens and closes sessions from its own threads while the proxy's loop looks them up."""
+
+    _REMEMBERED_ENDS = 10_000  # ended keys whose 401 still says why
+
+    def __init__(
+        self, renderer: PromptRenderer, *, max_sessions: int = 1024,
+        idle_timeout_s: float = 3600.0,
+    ) -> None:
         self._renderer = renderer
         self._sessions: dict[str, ProxySession] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()  # key -> why it no longer works
         self._lock = threading.Lock()
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
 
     def open(
         self,
@@ -131,6 +167,14 @@ class SessionRegistry:
             context_overflow=check_context_overflow(context_overflow),
         )
         with self._lock:
+            self._expire_idle(time.monotonic())
+            if len(self._sessions) >= self.max_sessions:
+                raise ProxyError(
+                    "rate_limited",
+                    f"Too many open sessions: {len(self._sessions)} of the proxy's max_sessions="
+                    f"{self.max_sessions}. Close finished ones (DELETE /sessions/{{id}}) or "
+                    "start the proxy with a larger max_sessions.",
+                )
             self._sessions[session_id] = session
         return session
 
@@ -139,23 +183,53 @@ class SessionRegistry:
             return self._sessions.get(session_id)
 
     def get(self, session_id: str) -> ProxySession:
-        """The session a dialect call's key names; unknown keys are an authentication error."""
-        session = self.find(session_id)
-        if session is None:
-            raise ProxyError(
-                "authentication",
-                "Incorrect API key provided: the key is not an open harness-gym session "
-                "(did the env close it?)",
-            )
-        return session
+        """The session a dialect call's key names; unknown, closed and expired keys are an
+        authentication error that says which."""
+        now = time.monotonic()
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None and session.idle_for(now) > self.idle_timeout_s:
+                self._end(session, "expired")
+                session = None
+            if session is not None:
+                return session
+            ended = self._ended.get(session_id)
+        if ended == "expired":
+            message = (f"Session expired: it had no call for more than {self.idle_timeout_s:g} s "
+                       "(the proxy's session_idle_timeout_s). Open a new session.")
+        elif ended == "closed":
+            message = "This harness-gym session was closed (the episode is over)."
+        else:
+            message = ("Incorrect API key provided: the key is not an open harness-gym session "
+                       "(did the env close it?)")
+        raise ProxyError("authentication", message)
 
     def close(self, session_id: str) -> ProxySession:
         with self._lock:
-            session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise ProxyError("not_found", f"session {session_id!r} not found")
-        session.closed = True
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise ProxyError("not_found", f"session {session_id!r} not found")
+            self._end(session, "closed")
         return session
+
+    def is_session_key(self, key: str) -> bool:
+        """Whether `key` is, or was, a session key (to tell a 403 from a 401)."""
+        with self._lock:
+            return key in self._sessions or key in self._ended
+
+    def _expire_idle(self, now: float) -> None:
+        for session in [s for s in self._sessions.values()
+                        if s.idle_for(now) > self.idle_timeout_s]:
+            self._end(session, "expired")
+
+    def _end(self, session: ProxySession, why: str) -> None:
+        """Caller holds the lock."""
+        del self._sessions[session.session_id]
+        session.closed = True
+        session.bridge.freeze()
+        self._ended[session.session_id] = why
+        while len(self._ended) > self._REMEMBERED_ENDS:
+            self._ended.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._sessions)
