@@ -1,10 +1,16 @@
 """`InterceptionProxy`: the proxy as a Python object, serving on loopback from its own thread.
 
+    >>> import openai
     >>> from harness_gym.proxy import InterceptionProxy
-    >>> with InterceptionProxy("tiny") as proxy:                     # doctest: +SKIP
-    ...     session = proxy.open_session()
-    ...     # point any OpenAI client at proxy.base_url with api_key=session.session_id
+    >>> with InterceptionProxy("tiny") as proxy:
+    ...     session = proxy.open_session(sampling={"max_tokens": 4})
+    ...     client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id)
+    ...     answer = client.chat.completions.create(
+    ...         model="tiny", messages=[{"role": "user", "content": "Hello"}])
     ...     trace = session.trace_json()
+    >>> (segment,) = trace["segments"]
+    >>> len(segment["response_ids"]) == answer.usage.completion_tokens <= 4
+    True
 
 The socket is bound before the server thread starts (port 0 picks a free port), so `base_url`
 is known at once and no caller races the server's start-up.
