@@ -87,7 +87,7 @@ def test_an_admin_key_is_not_a_session_key(tiny):
 
 
 def test_an_idle_session_expires_with_a_401_that_says_so(tiny):
-    settings = ProxySettings(session_idle_timeout_s=0.6)
+    settings = ProxySettings(session_idle_timeout_s=2.0)
     with InterceptionProxy(tiny, settings=settings) as proxy:
         session = proxy.open_session(sampling={"max_tokens": 2})
         chat = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
@@ -95,8 +95,8 @@ def test_an_idle_session_expires_with_a_401_that_says_so(tiny):
                                        max_retries=0)
         for _ in range(3):  # calls keep it alive past the idle timeout
             chat.chat.completions.create(model="m", messages=HELLO)
-            time.sleep(0.3)
-        time.sleep(0.8)
+            time.sleep(0.9)
+        time.sleep(1.5)
         with pytest.raises(openai.AuthenticationError, match="expired.*session_idle_timeout_s"):
             chat.chat.completions.create(model="m", messages=HELLO)
         with pytest.raises(anthropic.AuthenticationError, match="expired"):

@@ -27,8 +27,11 @@ from .canonical import Message, ToolSpec
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
 _SHORT_TEXT = 256  # chars: below this the plain `encode` is quicker than the batch call
 _WINDOW = 128 * 1024  # chars: a longer piece is first counted window by window
+_COUNT_WINDOW = 32 * 1024  # chars counted at a time (how far past a limit counting may go)
 _WINDOW_SLACK = 8  # tokens a window boundary may add or remove versus the whole piece
-_MESSAGE_SLACK = 4  # tokens a message's edges may merge into the template text around it
+# Tokens by which a message's text counted alone, joined to the next by "\n", can exceed its
+# share of the rendered prompt (a newline, and merges into the template text at both edges).
+_MESSAGE_SLACK = 5
 
 
 class PromptTooLong(Exception):
@@ -95,8 +98,8 @@ class PromptRenderer:
         never does), counted window by window and stopping as soon as it is clear. `slack`:
         tokens the caller's own boundaries may account for."""
         count = boundaries = 0
-        for start in range(0, len(text), _WINDOW):
-            count += len(self._encode(text[start : start + _WINDOW]))
+        for start in range(0, len(text), _COUNT_WINDOW):
+            count += len(self._encode(text[start : start + _COUNT_WINDOW]))
             boundaries += 1
             bound = count - _WINDOW_SLACK * boundaries - slack
             if bound > limit:
