@@ -1,9 +1,9 @@
 """One model call, dialect-neutral: plan the prompt, stream from the engine, parse, record.
 
-`prepare_call` does everything that can reject a request (prompt building, the context check,
-and an engine that fails at once), so a dialect can still answer with an HTTP error; afterwards
-`PreparedCall.events()` streams `TextDelta` / `ToolCallDone` as tokens are sampled and ends with
-`CallFinished` (see `events`). While a long prefill keeps the first token away, `events()`
+`plan_prompt` (in a worker thread) and `start_call` do everything that can reject a request
+(prompt building, the context check, and an engine that fails at once), so a dialect can still
+answer with an HTTP error; afterwards `PreparedCall.events()` streams `TextDelta` /
+`ToolCallDone` as tokens are sampled and ends with `CallFinished` (see `events`). While a long prefill keeps the first token away, `events()`
 yields `KeepAlive` every `keepalive_s`, so a streaming dialect can send pings and CLIs with idle
 timers wait. Whatever happens to the stream (finished, client gone, engine failure) the trace
 gets exactly one consistent entry: a committed call, or an aborted one marked incomplete.
@@ -221,15 +221,6 @@ async def start_call(
         session, engine, request, plan, stream, first, started, settings.keepalive_s, context,
         settings.on_progress,
     )
-
-
-async def prepare_call(
-    session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
-) -> PreparedCall:
-    """`plan_prompt` in a worker thread, then `start_call`."""
-    started = time.perf_counter()
-    plan = await anyio.to_thread.run_sync(plan_prompt, session, engine, request, settings)
-    return await start_call(session, engine, request, plan, settings, started)
 
 
 async def keepalives_until(
