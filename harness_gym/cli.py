@@ -17,14 +17,22 @@ def _serve(args: argparse.Namespace) -> int:
     from .proxy import InterceptionProxy
     from .proxy.settings import settings_from_flags
 
+    from .proxy.server import is_loopback
+
     admin_key = args.admin_key or os.environ.get("HARNESS_GYM_ADMIN_KEY")
+    # No key on loopback: the admin routes stay open to local clients (the documented default
+    # of the standalone proxy); anywhere else a key is made up and printed.
+    open_admin = not admin_key and is_loopback(args.host)
     proxy = InterceptionProxy(
         args.engine, host=args.host, port=args.port, admin_key=admin_key,
-        settings=settings_from_flags(args),
+        open_admin=open_admin, settings=settings_from_flags(args),
     ).start()
     print(f"harness-gym proxy serving {proxy.engine.model_name} at {proxy.url}", flush=True)
     print(f"  OpenAI base URL: {proxy.base_url}   new session: POST {proxy.url}/sessions", flush=True)
-    if not admin_key:  # made up at start: the only way to learn it
+    if open_admin:
+        print("  admin routes (/sessions) are open to local clients; pass --admin-key to close "
+              "them", flush=True)
+    elif not admin_key:  # made up at start: the only way to learn it
         print(f"  admin key (for /sessions): {proxy.admin_key}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -79,6 +79,27 @@ def test_a_session_key_cannot_create_read_or_delete_any_session(tiny, header):
         assert client.chat.completions.create(model="m", messages=HELLO, max_tokens=2).choices
 
 
+def test_an_open_admin_proxy_serves_sessions_to_local_clients_but_never_to_session_keys(tiny):
+    """`harness-gym serve` with no key on loopback: the standalone contract's optional admin key
+    (benchmarks and scripts POST /sessions bare), still closed to every session key."""
+    with InterceptionProxy(tiny, open_admin=True) as proxy:
+        assert proxy.admin_key is None
+        created = httpx.post(proxy.url + "/sessions", json={})
+        assert created.status_code == 201
+        key = created.json()["api_key"]
+        assert httpx.get(f"{proxy.url}/sessions/{key}/trace").status_code == 200
+        for response in (httpx.post(proxy.url + "/sessions", json={}, headers=bearer(key)),
+                         httpx.delete(f"{proxy.url}/sessions/{key}", headers=bearer(key))):
+            assert response.status_code == 403, response.text
+        assert httpx.delete(f"{proxy.url}/sessions/{key}").status_code == 200
+
+
+@pytest.mark.parametrize("options", [{"host": "0.0.0.0"}, {"admin_key": "k"}])
+def test_open_admin_is_refused_off_loopback_or_beside_a_key(tiny, options):
+    with pytest.raises(ValueError, match="open_admin"):
+        InterceptionProxy(tiny, open_admin=True, **options)
+
+
 def test_an_admin_key_is_not_a_session_key(tiny):
     with InterceptionProxy(tiny, admin_key="admin-secret") as proxy:
         client = openai.OpenAI(base_url=proxy.base_url, api_key="admin-secret", max_retries=0)

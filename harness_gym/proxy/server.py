@@ -15,8 +15,10 @@
 The socket is bound before the server thread starts (port 0 picks a free port), so `base_url`
 is known at once and no caller races the server's start-up.
 
-The admin routes always need an admin key: pass one, or a random one is made (`admin_key`);
-Python callers open and close sessions through the object and never need it. Connections are
+The admin routes need an admin key: pass one, or a random one is made (`admin_key`); Python
+callers open and close sessions through the object and never need it. `open_admin=True` (what
+`harness-gym serve` does on loopback when given no key, as the public contract allows) leaves
+them open to local clients that send no session key. Connections are
 guarded (`connections.py`: read deadlines, a connection cap) and the process's soft open-file
 limit is raised towards 65,536 at start, so the cap, not the file limit, decides who gets in,
 and the interpreter's GIL switch interval is lowered to `gil_switch_interval_s` (both are
@@ -26,6 +28,7 @@ process-wide: the proxy serves from a thread of its host's process).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import secrets
 import socket
 import sys
@@ -53,6 +56,13 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class InterceptionProxy:
     def __init__(
         self,
@@ -61,11 +71,17 @@ class InterceptionProxy:
         host: str = "127.0.0.1",
         port: int = 0,
         admin_key: str | None = None,
+        open_admin: bool = False,
         settings: ProxySettings | None = None,
     ) -> None:
+        if open_admin and (admin_key or not is_loopback(host)):
+            raise ValueError("open_admin=True leaves /sessions open to every local client: it "
+                             "takes no admin_key and binds only a loopback host")
         self.engine = load_engine(engine)
         self.settings = settings or ProxySettings()
-        self.admin_key = admin_key or "hga-" + secrets.token_urlsafe(24)
+        self.admin_key: str | None = (
+            None if open_admin else admin_key or "hga-" + secrets.token_urlsafe(24)
+        )
         self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids)
         self.sessions = SessionRegistry(
             self.renderer, max_sessions=self.settings.max_sessions,
