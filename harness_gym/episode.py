@@ -2,15 +2,19 @@
 
 `EpisodeRunner.run(task)` is the macro-step behind `env.step()`. Every episode ends: the CLI is
 killed (its whole process group, and tool processes that left it) at `episode_timeout_s`, and the
-sandbox and proxy session are closed whatever happened. Failures are kept apart by outcome:
-`timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and the tests
-did not pass), `infra_error` (our side failed: sandbox, install, test patch), never a silent
-`failed`.
+sandbox and proxy session are closed whatever happened. When the CLI has ended, every process it
+or its agent started is killed (`Sandbox.kill_processes`) before the grader touches the tree: a
+background writer left by the agent cannot change the verdict. Failures are kept apart by
+outcome: `timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and
+the tests did not pass, or the agent broke its own episode: it hit a sandbox cap such as the
+disk, or closed its proxy session), `infra_error` (our side failed: sandbox, install, test
+patch), never a silent `failed`. Nothing an agent does raises out of `run()`.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 import sys
 import tempfile
@@ -24,6 +28,7 @@ from .config import EpisodeConfig
 from .engines import Engine, load_engine
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
+from .proxy.errors import ProxyError
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import SandboxBackend, SandboxError, SandboxSpec
@@ -213,8 +218,16 @@ class EpisodeRunner:
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
             run = job.wait(timeout=config.episode_timeout_s)
+            # Nothing the agent started may still run while the grader works (invariant 7).
+            sandbox.kill_processes()
             output = self.harness.parse_output(run.stdout)
-            if run.timed_out:
+            broken = sandbox.fault or (
+                "the agent closed its own proxy session" if session.closed else None
+            )
+            if broken is not None:
+                outcome, error = "harness_error", broken
+                patch = _patch_or_empty(sandbox, task)
+            elif run.timed_out:
                 outcome = "timeout"
                 error = f"the harness ran past episode_timeout_s={config.episode_timeout_s:g}"
                 patch = _patch_or_empty(sandbox, task)
@@ -231,10 +244,18 @@ class EpisodeRunner:
                         exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError)))
         finally:
             if session is not None:
-                self.proxy.close_session(session.session_id)
                 trace = session.trace.snapshot()
+                try:
+                    self.proxy.close_session(session.session_id)
+                except ProxyError:  # closed already (the agent deleted it): nothing to close
+                    pass
             if sandbox is not None:
-                sandbox.close()
+                try:
+                    sandbox.close()
+                except Exception as exc:  # leftovers are logged; the episode still has a result
+                    outcome, error = "infra_error", f"could not close the sandbox: {exc}"
+                    log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id,
+                                error)
         reward, breakdown = config.reward(outcome, trace.n_tool_calls)
         return EpisodeResult(
             task_id=task.instance_id,
@@ -274,7 +295,8 @@ class EpisodeStack:
         self.proxy: InterceptionProxy | None = None
         self.backend: SandboxBackend | None = None
         try:
-            self.proxy = InterceptionProxy(self.engine).start()
+            # An admin key the agents never see: a session key reaches its model routes only.
+            self.proxy = InterceptionProxy(self.engine, admin_key=secrets.token_urlsafe(32)).start()
             self.backend = load_sandbox(config.sandbox or default_sandbox())
             say = (lambda m: print(m, file=sys.stderr)) if config.progress else None
             for spec in config.harness:
