@@ -217,18 +217,6 @@ def main() -> None:
         total = create + run + kill + close
         print(f"   {name:<8} " + " ".join(f"{v:9.1f}" for v in (create, run, kill, close, total)))
 
-    relay = relay_latency(args.calls)
-    if relay is None:
-        print("\n3. the bwrap proxy relay: skipped (bubblewrap cannot make namespaces here)")
-    else:
-        print(f"\n3. a model call from inside bwrap, {args.calls} calls on one connection (ms)")
-        print(f"   {'path':<28} {'p50':>7} {'p90':>7} {'first':>7}")
-        for network, label in (("none", "relay (network=none)"), ("host", "direct (network=host)")):
-            print(f"   {label:<28} {relay[network + '_p50_ms']:7.2f} "
-                  f"{relay[network + '_p90_ms']:7.2f} {relay[network + '_first_ms']:7.2f}")
-        print(f"   the relay adds {relay['none_p50_ms'] - relay['host_p50_ms']:.2f} ms per call "
-              f"(p50); setting it up adds {relay_setup_ms(args.repeats):.0f} ms per rollout")
-
     print(
         f"\n2. grading a gold-patched task vs its pytest command run directly in the same "
         f"backend, best of {args.repeats}, interleaved (s; ratio = grade / direct)"
@@ -269,6 +257,18 @@ def main() -> None:
     for name, values in ratios.items():
         if values:
             print(f"   {name}: grade() takes {statistics.median(values):.2f}x the bare test run")
+
+    relay = relay_latency(args.calls)
+    if relay is None:
+        print("\n3. the bwrap proxy relay: skipped (bubblewrap cannot make namespaces here)")
+    else:
+        print(f"\n3. a model call from inside bwrap, {args.calls} calls on one connection (ms)")
+        print(f"   {'path':<28} {'p50':>7} {'p90':>7} {'first':>7}")
+        for network, label in (("none", "relay (network=none)"), ("host", "direct (network=host)")):
+            print(f"   {label:<28} {relay[network + '_p50_ms']:7.2f} "
+                  f"{relay[network + '_p90_ms']:7.2f} {relay[network + '_first_ms']:7.2f}")
+        print(f"   the relay adds {relay['none_p50_ms'] - relay['host_p50_ms']:.2f} ms per call "
+              f"(p50); setting it up adds {relay_setup_ms(args.repeats):.0f} ms per rollout")
 
 
 if __name__ == "__main__":

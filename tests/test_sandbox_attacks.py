@@ -11,8 +11,8 @@ run the attack through Pi's own `bash` tool, as a policy that had learned it wou
   backend. A control shows both attacks pass when that step is skipped.
 - From inside a default (`bwrap`) episode, agent code cannot reach a listener on the host's
   loopback, cannot create, read or delete a proxy session, while its model calls work.
-- An agent that deletes its own session (a proxy without an admin key lets it) ends
-  `harness_error`, with no exception.
+- An agent that deletes its own session (a proxy without an admin key lets it), or cuts its own
+  line to the proxy, ends `harness_error`, with no exception.
 - A 4-env vector step where three agents attack (fork bomb, filling the disk, flooding the
   CLI's stdout) and one solves the task: every result comes back, the solver passes, and no
   sandbox dir or process is left.
@@ -300,6 +300,17 @@ def test_an_agent_that_deletes_its_own_session_ends_harness_error(tiny: Any) -> 
     assert result.n_llm_calls == 1 and result.reward == 0.0
     assert result.trace.segments  # the calls before the deletion are kept
     assert len(proxy.sessions) == 0
+
+
+@pytest.mark.skipif(_NO_BWRAP is not None, reason=str(_NO_BWRAP))
+def test_an_agent_that_cuts_its_own_line_to_the_model_ends_harness_error(tiny: Any) -> None:
+    # It kills the forwarder in its network namespace: Pi's connection to the proxy drops and
+    # no later call gets through.
+    cut = "pkill -9 -f 'uni[x]:/'; sleep 1; echo cut"  # [x]: not its own command line
+    info = run_episode(ScriptedEngine(tiny, shell_script([cut, "echo unreachable"])),
+                       load_sandbox("bwrap"), TASKS[4])
+    assert info["outcome"] == "harness_error", (info["outcome"], info["error"])
+    assert info["n_llm_calls"] == 1
 
 
 @pytest.mark.skipif(_NO_BWRAP is not None, reason=str(_NO_BWRAP))

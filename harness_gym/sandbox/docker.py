@@ -43,10 +43,10 @@ files (a background child that keeps stdout open would otherwise hold the exec s
 with pipes in `local`) and marks it with HARNESS_GYM_JOB_ID. A timeout or `Job.kill` kills
 every process in the container carrying that mark, so setsid escapees die too.
 `kill_processes()` kills every process in the container but its init and the `sleep` that keeps
-it up (both started before any command, known by pid), marked or not, until a scan finds none;
-`close()` removes the container, which kills everything left. A signal death reads 128+n (137
-for -9), as the shell reports it. What `exec` and `Job.wait` return of a command's output is
-its last `OUTPUT_LIMIT_BYTES`.
+it up (init's oldest child: nothing the agent starts can be older), marked or not, until a scan
+finds none; `close()` removes the container, which kills everything left. A signal death reads
+128+n (137 for -9), as the shell reports it. What `exec` and `Job.wait` return of a command's
+output is its last `OUTPUT_LIMIT_BYTES`.
 
 Containers and their /sandbox volumes are labelled `harness-gym.sandbox=1` with their owner's
 pid, process start time, boot id and host name; a new backend removes labelled containers and
@@ -106,11 +106,20 @@ _CHECK_WORKDIR = r"""
 [ -n "$(ls -A "$1" 2>/dev/null)" ] || { echo "no repository at $1 in the image" >&2; exit 3; }
 """
 
-# SIGKILLs every process in the container but pid 1, the pids given and itself (zombies are
-# left to init), until a scan finds none; then prints df's line for /sandbox. Exit 1 if some
-# survive 2000 scans. It forks nothing until the end: under a fork bomb no pid is free.
-_KILL_ALL_BUT = r"""
-keep=" 1 $* $$ "
+# SIGKILLs every process in the container but its init (pid 1), the process init started (the
+# `sleep` that keeps the container up: init's oldest child, older than anything the agent can
+# start or orphan onto init) and itself, zombies left to init, until a scan finds none; then
+# prints df's line for /sandbox. Exit 1 if some survive 2000 scans. It forks nothing until then:
+# under a fork bomb no pid is free.
+_KILL_ALL = r"""
+oldest= sleeper=
+for d in /proc/[0-9]*; do
+  read -r stat 2>/dev/null <"$d/stat" || continue
+  set -- ${stat##*) }
+  [ "$2" = 1 ] || continue
+  if [ -z "$oldest" ] || [ "${20}" -lt "$oldest" ]; then oldest=${20} sleeper=${d#/proc/}; fi
+done
+keep=" 1 $sleeper $$ "
 round=0
 while :; do
   found=
@@ -311,7 +320,6 @@ class DockerSandbox(Sandbox):
         self._api = backend._client.api
         self._relays: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
         self._jobs: list[DockerJob] = []  # background jobs, whose streams close() closes
-        self._keep: list[str] = []  # pids of the container's own processes (its sleep)
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
         self._volume: Any = None
         self._disk = backend.disk
@@ -389,8 +397,6 @@ class DockerSandbox(Sandbox):
                         f"image {image!r} has no repo at workdir {self.workdir!r} ({said}); "
                         "set the row's repo_path to where its image keeps the checkout"
                     )
-            sleeps = self.container.exec_run(["cat", "/proc/1/task/1/children"])
-            self._keep = sleeps.output.decode().split()
         except BaseException as exc:
             self.close()
             if isinstance(exc, SandboxError):
@@ -559,7 +565,7 @@ class DockerSandbox(Sandbox):
         said, code = "", 1
         for _ in range(50):  # the exec needs a free pid: a fork bomb may hold every one
             try:
-                done = self.container.exec_run(["sh", "-c", _KILL_ALL_BUT, "sh", *self._keep])
+                done = self.container.exec_run(["sh", "-c", _KILL_ALL])
             except _docker().errors.APIError as exc:
                 said, code = str(exc), 1
                 if self._stopped():  # its processes are gone with it; grading cannot run
