@@ -222,7 +222,8 @@ class EpisodeRunner:
             sandbox.kill_processes()
             output = self.harness.parse_output(run.stdout)
             broken = sandbox.fault or (
-                "the agent closed its own proxy session" if session.closed else None
+                "its proxy session was closed during the episode (by the proxy's owner or its "
+                "idle expiry)" if session.closed else None
             )
             if broken is not None:
                 outcome, error = "harness_error", broken

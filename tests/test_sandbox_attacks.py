@@ -11,8 +11,8 @@ run the attack through Pi's own `bash` tool, as a policy that had learned it wou
   backend. A control shows the first passes when that step is skipped.
 - From inside a default (`bwrap`) episode, agent code cannot reach a listener on the host's
   loopback, cannot create, read or delete a proxy session, while its model calls work.
-- An agent that deletes its own session (a proxy without an admin key lets it), or cuts its own
-  line to the proxy, ends `harness_error`, with no exception.
+- An agent cannot delete its own session (403); a session closed under it, or an agent that
+  cuts its own line to the proxy, ends `harness_error`, with no exception.
 - A 4-env vector step where three agents attack (fork bomb, filling the disk, flooding the
   CLI's stdout) and one solves the task: every result comes back, the solver passes, and no
   sandbox dir or process is left.
@@ -245,12 +245,15 @@ EOF"""
 
 
 DELETE_OWN = r"""python3 - <<'EOF'
-import json, os, urllib.request
+import json, os, urllib.error, urllib.request
 cfg = json.load(open(os.path.expanduser("~/.pi/agent/models.json")))["providers"]["harness-gym"]
 base, key = cfg["baseUrl"].rsplit("/v1", 1)[0], cfg["apiKey"]
 req = urllib.request.Request(f"{base}/sessions/{key}", method="DELETE",
                              headers={"Authorization": "Bearer " + key})
-print(urllib.request.urlopen(req, timeout=10).status)
+try:
+    print("HTTP", urllib.request.urlopen(req, timeout=10).status)
+except urllib.error.HTTPError as error:
+    print("HTTP", error.code)
 EOF"""
 
 
@@ -281,15 +284,53 @@ def test_a_default_episode_reaches_its_model_and_nothing_else(tiny: Any) -> None
         listener.close()
     said = json.loads(seen[0])
     assert listener.accepted == 0 and said.pop("host_service") == "ConnectionRefusedError"
-    assert set(said.values()) == {401}, said  # every admin route, with its key or without
+    # Every admin route: 403 with its session key, 401 without a key.
+    assert {k: v for k, v in said.items() if k.endswith("_key")} == dict.fromkeys(
+        [k for k in said if k.endswith("_key")], 403), said
+    assert {k: v for k, v in said.items() if k.endswith("_nokey")} == dict.fromkeys(
+        [k for k in said if k.endswith("_nokey")], 401), said
     assert info["outcome"] == "passed" and reward > 0, info["error"]  # its model calls work
     assert info["n_llm_calls"] == 3
 
 
-def test_an_agent_that_deletes_its_own_session_ends_harness_error(tiny: Any) -> None:
-    # A proxy without an admin key (one a user runs): a session key can delete its session.
+def test_an_agent_cannot_delete_its_own_session(tiny: Any) -> None:
+    # A session key is no admin key: the proxy refuses it on /sessions (403), the episode goes on.
     task = TASKS[2]
-    proxy = InterceptionProxy(ScriptedEngine(tiny, shell_script([DELETE_OWN, gold(task)]))).start()
+    outputs: list[str] = []
+
+    def commands(prompt: str) -> list[str]:
+        if "<tool_response>" in prompt:
+            outputs.append(prompt.rsplit("<tool_response>", 1)[1])
+        return [DELETE_OWN, gold(task)]
+
+    proxy = InterceptionProxy(ScriptedEngine(tiny, shell_script(commands))).start()
+    backend = load_sandbox("bwrap" if _NO_BWRAP is None else "local")
+    config = EpisodeConfig(harness=PI, engine=proxy.engine, sandbox=backend,
+                           episode_timeout_s=300, test_timeout_s=300)
+    runner = EpisodeRunner(proxy, PI, backend, config)
+    try:
+        result = runner.run(task)
+    finally:
+        runner.close()
+        proxy.stop()
+        backend.close()
+    assert "HTTP 403" in outputs[0], outputs[0]
+    assert result.outcome == "passed" and result.reward > 0, result.error
+
+
+def test_a_session_closed_under_the_agent_ends_harness_error(tiny: Any) -> None:
+    # Closed by the proxy's owner (or its idle expiry) while the agent runs: the episode ends
+    # harness_error, keeping the calls made before, and never raises.
+    task = TASKS[2]
+    proxy: InterceptionProxy
+
+    def commands(prompt: str) -> list[str]:
+        if "<tool_response>" not in prompt:  # the first call: close the session 1 s later
+            sid = next(iter(proxy.sessions.ids()))
+            threading.Timer(1.0, proxy.close_session, (sid,)).start()
+        return ["sleep 3", gold(task)]
+
+    proxy = InterceptionProxy(ScriptedEngine(tiny, shell_script(commands))).start()
     backend = load_sandbox("bwrap" if _NO_BWRAP is None else "local")
     config = EpisodeConfig(harness=PI, engine=proxy.engine, sandbox=backend,
                            episode_timeout_s=300, test_timeout_s=300)
@@ -300,9 +341,9 @@ def test_an_agent_that_deletes_its_own_session_ends_harness_error(tiny: Any) -> 
         runner.close()
         proxy.stop()
         backend.close()
-    assert result.outcome == "harness_error" and "closed its own proxy session" in result.error
+    assert result.outcome == "harness_error" and "proxy session" in result.error, result.error
     assert result.n_llm_calls == 1 and result.reward == 0.0
-    assert result.trace.segments  # the calls before the deletion are kept
+    assert result.trace.segments  # the calls before the closing are kept
     assert len(proxy.sessions) == 0
 
 

@@ -182,6 +182,11 @@ class SessionRegistry:
         with self._lock:
             return self._sessions.get(session_id)
 
+    def ids(self) -> list[str]:
+        """The open sessions' ids, oldest first."""
+        with self._lock:
+            return list(self._sessions)
+
     def get(self, session_id: str) -> ProxySession:
         """The session a dialect call's key names; unknown, closed and expired keys are an
         authentication error that says which."""
