@@ -26,6 +26,7 @@ from ..engines.base import (
     RequestContext,
     TokenChunk,
 )
+from ..trace import CallSampling
 from .answer import AnswerText, ParsedAnswer
 from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
@@ -203,6 +204,7 @@ async def start_call(
     sampling = session.sampling_params(
         request.sampling, len(plan.prompt_ids), engine.max_context, settings.default_max_tokens
     )
+    plan.sampling = CallSampling.of(sampling)  # the trace records what drew the tokens
     context = RequestContext(routing_key=session.session_id, policy_version=session.policy_version)
     try:
         stream = engine.stream(plan.prompt_ids, sampling, context)
