@@ -192,10 +192,31 @@ class CallRecord:
     truncated_tool_results: int = 0  # blanked by context_overflow="truncate"
 
 
+@dataclass(frozen=True)
+class ContextOverflow:
+    """A call the proxy refused because its prompt did not fit the model's context."""
+
+    prompt_tokens: int | None
+    max_context: int | None
+    after_calls: int  # calls answered before it: 0 means the CLI's very first prompt did not fit
+
+
 @dataclass
 class SessionTrace:
     segments: list[TraceSegment] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    overflows: list[ContextOverflow] = field(default_factory=list)
+
+    def note_overflow(self, prompt_tokens: int | None, max_context: int | None) -> None:
+        self.overflows.append(ContextOverflow(prompt_tokens, max_context, self.n_llm_calls))
+
+    @property
+    def first_prompt_overflowed(self) -> ContextOverflow | None:
+        """The refusal of the session's first prompt, if the model never answered a call: the
+        harness cannot work in this model's context at all."""
+        if self.n_llm_calls:
+            return None
+        return next((o for o in self.overflows if o.after_calls == 0), None)
 
     @property
     def n_llm_calls(self) -> int:

@@ -164,6 +164,17 @@ def plan_prompt(
     Tokenizing stops early a quarter past the context: a longer prompt is refused either way
     (its error then says "at least N tokens"), and what it costs must not grow with what a
     client sends."""
+    try:
+        return _plan_prompt(session, engine, request, settings)
+    except ProxyError as error:
+        if error.kind == "context_length":  # the episode tells "cannot start" from the trace
+            session.trace.note_overflow(error.prompt_tokens, error.max_context)
+        raise
+
+
+def _plan_prompt(
+    session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
+) -> PromptPlan:
     budget = prompt_budget(engine)
     try:
         plan = session.bridge.plan(request, budget)
