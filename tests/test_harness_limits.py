@@ -19,6 +19,7 @@ from support.fidelity import run_harness, scripted
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.harness import load_harness
+from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.harnesses.opencode import OpenCodeHarness
 from harness_gym.proxy.model_call import ProxySettings
 
@@ -84,6 +85,24 @@ def test_a_first_prompt_the_proxy_refuses_ends_the_episode_as_infra_error_within
     assert "first request is" in info["error"] and f"context of {SMOLLM2_CONTEXT}" in info["error"]
     assert info["n_llm_calls"] == 0
     assert seconds < 120, seconds  # the CLI's start-up, then at most a poll interval
+
+
+class UncheckedHermes(HermesHarness):
+    """Hermes with no declared minimum: it starts, and refuses by itself."""
+
+    min_context = 0
+
+
+@pytest.mark.slow
+def test_what_hermes_says_on_stderr_is_kept_in_harness_output():
+    """Hermes exits 1 and gives its reason on stderr only; the episode keeps it."""
+    engine = scripted(lambda _: "All done.", "tiny", SMOLLM2_CONTEXT)
+    reward, info, seconds = step_once(UncheckedHermes(), engine)
+    said = info["harness_output"]
+    assert said["error"].startswith("hermes -z: agent failed:")
+    assert "below the minimum 64,000" in said["error"] and said["error"] in said["stderr_tail"]
+    assert info["outcome"] == "harness_error" and said["error"] in info["error"]
+    assert info["n_llm_calls"] == 0
 
 
 # Pi fits SmolLM2's own window; OpenCode and Claude Code run at their declared minimum, which is
