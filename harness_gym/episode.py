@@ -6,9 +6,12 @@ sandbox and proxy session are closed whatever happened. When the CLI has ended, 
 or its agent started is killed (`Sandbox.kill_processes`) before the grader touches the tree: a
 background writer left by the agent cannot change the verdict. Failures are kept apart by
 outcome: `timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and
-the tests did not pass, or the agent broke its own episode: it hit a sandbox cap such as the
-disk, or closed its proxy session), `infra_error` (our side failed: sandbox, install, test
-patch), never a silent `failed`. Nothing an agent does raises out of `run()`.
+the tests did not pass, or the episode broke under the agent: it hit a sandbox cap such as the
+disk, or its proxy session was closed), `infra_error` (our side failed: sandbox, install, test
+patch; or the harness cannot work in the model's context window: its declared `min_context` is
+larger, checked before anything starts, or the proxy refused its very first prompt as too long,
+which stops the CLI at once), never a silent `failed`. Nothing an agent does raises out of
+`run()`.
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ from .proxy import InterceptionProxy
 from .proxy.errors import ProxyError
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
-from .sandbox.base import SandboxBackend, SandboxError, SandboxSpec
+from .sandbox.base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 from .tasks.grader import GradeResult, capture_patch, grade
 from .tasks.loader import materialize
 from .tasks.task import Task
 from .trace import SessionTrace
 
 log = logging.getLogger(__name__)
+
+_WATCH_INTERVAL_S = 0.25  # how often a running episode checks for a refused first prompt
 
 TASK_INSTRUCTION = (
     "\n\nResolve the issue above by editing the repository in the current directory. "
@@ -208,19 +213,19 @@ class EpisodeRunner:
         graded: GradeResult | None = None
         trace = SessionTrace()
         try:
+            self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
             session = self.proxy.open_session(policy_version, sampling, config.context_overflow)
-            endpoint = Endpoint(
-                base_url=sandbox.proxy_url(self.proxy.url),
-                api_key=session.session_id,
-                model=engine.model_name,
-                context_length=engine.max_context,
+            endpoint = Endpoint.for_model(
+                sandbox.proxy_url(self.proxy.url), session.session_id, engine.model_name,
+                engine.max_context, self._output_cap(session.sampling),
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
-            run = job.wait(timeout=config.episode_timeout_s)
+            run = _wait_unless_it_cannot_start(job, session.trace, config.episode_timeout_s)
             # Nothing the agent started may still run while the grader works (invariant 7).
             sandbox.kill_processes()
-            output = self.harness.parse_output(run.stdout)
+            output = self.harness.read_output(run)
+            self.harness.check_first_prompt(session.trace.first_prompt_overflowed)
             broken = sandbox.fault or (
                 "its proxy session was closed during the episode (by the proxy's owner or its "
                 "idle expiry)" if session.closed else None
@@ -273,6 +278,10 @@ class EpisodeRunner:
             grade=graded,
             error=error,
         )
+
+    def _output_cap(self, sampling: dict[str, Any]) -> int:
+        """The most tokens the proxy lets one answer have in this session."""
+        return int(sampling.get("max_tokens") or self.proxy.app.settings.default_max_tokens)
 
     def close(self) -> None:
         shutil.rmtree(self._repos, ignore_errors=True)
@@ -332,6 +341,30 @@ class EpisodeStack:
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()
+
+
+def _wait_unless_it_cannot_start(job: Job, trace: SessionTrace, timeout_s: float) -> ExecResult:
+    """`job.wait(timeout_s)`, but the CLI is stopped as soon as the proxy refused its very first
+    prompt as too long for the model: it cannot work in this context, and left alone it compacts
+    or retries until the timeout (measured: OpenCode in SmolLM2's 8,192 tokens, 900 s)."""
+    done: list[ExecResult | BaseException] = []
+
+    def wait() -> None:
+        try:
+            done.append(job.wait(timeout=timeout_s))
+        except BaseException as exc:  # re-raised in the episode's thread
+            done.append(exc)
+
+    waiter = threading.Thread(target=wait, name="harness-gym-episode-wait", daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(_WATCH_INTERVAL_S)
+        if waiter.is_alive() and trace.first_prompt_overflowed is not None:
+            job.kill()
+            waiter.join()
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 def _patch_or_empty(sandbox: Any, task: Task) -> str:

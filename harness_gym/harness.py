@@ -7,6 +7,18 @@ shell tool, the fixed environment that keeps it offline, and three small functio
 endpoint: its argv, its config files (written into the sandbox's HOME) and its endpoint
 environment. `parse_output` reads what the CLI printed.
 
+Two things every spec must get right, because the CLIs get them wrong by default:
+
+- The task text reaches the model byte for byte. CLIs read an argument starting with "-" as a
+  flag, one starting with "@" as a file, and quote or escape some (OpenCode); a single argument
+  is also capped at 128 KiB by the kernel. A spec may therefore deliver the prompt, or part of
+  it, on the CLI's stdin (`stdin`); `prepare` writes it to a file and redirects it.
+- The CLI knows the model's limits: `Endpoint.context_length` (the engine's context window) and
+  `Endpoint.max_tokens` (the output cap the proxy enforces) go into the CLI's own settings, so
+  it neither asks for more than it gets (a continuation loop) nor reserves more than the window
+  holds (a compaction loop). `min_context` says how small a window the CLI can work in at all;
+  the episode ends `infra_error` before starting it against a smaller one.
+
 One episode, as the environment drives it::
 
     harness = load_harness("pi")
@@ -14,7 +26,7 @@ One episode, as the environment drives it::
     plan = harness.prepare(sandbox, Endpoint(base_url, api_key, model="policy"), task_text)
     job = sandbox.start(plan.argv, cwd=plan.cwd, env=plan.env)
     result = job.wait(timeout=episode_timeout_s)      # kills the process group on timeout
-    output = harness.parse_output(result.stdout)      # final message, the CLI's tool-call count
+    output = harness.read_output(result)              # final message, tool calls, stderr tail
 
 Installs go to `$HARNESS_GYM_CACHE/harnesses/<name>-<version>/` (default
 `~/.cache/harness-gym`), never into the repo or a sandbox: 200-350 MB per CLI, shared by every
@@ -41,7 +53,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from .plugins import load_plugin, plugin_names
-from .sandbox.base import Job, Sandbox
+from .sandbox.base import ExecResult, Job, Sandbox
+from .trace import ContextOverflow
 
 Dialect = Literal["openai-chat", "anthropic-messages", "openai-responses"]
 Progress = Callable[[str], None]
@@ -53,10 +66,19 @@ INSTALL_TIMEOUT_S = 900
 # harnesses may hold native addons built for the host node's ABI).
 NODE_IN_SANDBOX = "/usr/local/bin/node"
 _INSTALLED_MARKER = ".harness-gym-installed.json"
+PROMPT_FILE = ".harness-gym/prompt.txt"  # under the sandbox's HOME, when a spec uses stdin
+# An answer gets at most this share of the context: a CLI reserves its output cap out of the
+# window, and must keep room for the conversation.
+MAX_OUTPUT_SHARE = 4
 
 
 class HarnessError(RuntimeError):
     """A harness could not be found, installed or prepared."""
+
+
+class ContextTooSmall(HarnessError):
+    """The CLI cannot work in the model's context window: the episode is an `infra_error`
+    (nothing the policy did), reported before or as soon as the CLI starts."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +87,9 @@ class Endpoint:
 
     `base_url` is the server root without a version path (`http://127.0.0.1:8123`); each spec
     appends what its client library expects (`/v1` for OpenAI SDKs; Anthropic's SDK adds
-    `/v1/messages` itself). `api_key` is the proxy session key.
+    `/v1/messages` itself). `api_key` is the proxy session key. `context_length` is the model's
+    window (prompt + answer, in its tokens), `max_tokens` the most tokens one answer may have:
+    `Endpoint.for_model` derives both from the engine and the session.
     """
 
     base_url: str
@@ -73,6 +97,16 @@ class Endpoint:
     model: str = "policy"
     context_length: int = 65_536
     max_tokens: int = 4_096
+
+    @classmethod
+    def for_model(
+        cls, base_url: str, api_key: str, model: str, context_length: int, max_tokens: int
+    ) -> Endpoint:
+        """The endpoint of a model with `context_length` tokens of context whose session caps an
+        answer at `max_tokens`: the cap told to the CLI is also at most a quarter of the window
+        (a CLI reserves it out of the window: 4096 of 8192 left SmolLM2 too little room)."""
+        cap = max(1, min(max_tokens, context_length // MAX_OUTPUT_SHARE))
+        return cls(base_url, api_key, model, context_length, cap)
 
 
 @dataclass(frozen=True)
@@ -143,12 +177,15 @@ class LaunchPlan:
 
 @dataclass
 class HarnessOutput:
-    """What the CLI reported. `n_tool_calls` is the CLI's own count, None if it prints none."""
+    """What the CLI reported. `n_tool_calls` is the CLI's own count, None if it prints none.
+    `tail` is the end of its stdout, `stderr_tail` of its stderr (where some CLIs say why they
+    failed)."""
 
     final_message: str | None
     n_tool_calls: int | None
     tail: str
     error: str | None = None  # an error the CLI reported (model call failed, bad config)
+    stderr_tail: str = ""
 
 
 def harness_cache_dir() -> Path:
@@ -177,12 +214,20 @@ class HarnessSpec(abc.ABC):
     dialect: ClassVar[Dialect]
     shell_tool: ClassVar[str]  # what its shell tool is called in the request's tool list
     env: ClassVar[Mapping[str, str]] = {}  # fixed variables for a headless, offline run
+    # The smallest context window (in the model's tokens) the CLI can work in; measured, per
+    # spec. An episode against a smaller window ends `infra_error` before the CLI starts.
+    min_context: ClassVar[int] = 0
 
     # -- per-harness knowledge ---------------------------------------------------------------
 
     @abc.abstractmethod
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
         """Arguments after the executable for one headless run on `prompt`."""
+
+    def stdin(self, prompt: str) -> str | None:
+        """What the CLI reads on stdin for `prompt` (None: nothing; stdin is /dev/null). `args`
+        and `stdin` together must deliver the prompt exactly."""
+        return None
 
     def config_files(self, endpoint: Endpoint) -> dict[str, str]:
         """Files to write, by path relative to the sandbox's HOME."""
@@ -194,6 +239,38 @@ class HarnessSpec(abc.ABC):
 
     @abc.abstractmethod
     def parse_output(self, stdout: str) -> HarnessOutput: ...
+
+    def stderr_error(self, stderr: str) -> str | None:
+        """The failure a CLI reports on stderr only (None: it reports none there)."""
+        return None
+
+    def read_output(self, result: ExecResult) -> HarnessOutput:
+        """`parse_output` of the run's stdout, with its stderr tail and any error said there."""
+        output = self.parse_output(result.stdout)
+        output.stderr_tail = tail(result.stderr)
+        if output.error is None:
+            output.error = self.stderr_error(result.stderr)
+        return output
+
+    def check_context(self, context_length: int) -> None:
+        """Raise `ContextTooSmall` when the CLI cannot work in a window of `context_length`."""
+        if context_length < self.min_context:
+            raise ContextTooSmall(
+                f"{self.name} needs a context window of at least {self.min_context} tokens "
+                f"(its min_context), but the model has {context_length}: use a model with a "
+                f"larger context, or another harness"
+            )
+
+    def check_first_prompt(self, refused: ContextOverflow | None) -> None:
+        """Raise `ContextTooSmall` when the proxy refused the CLI's very first prompt as too long
+        (`SessionTrace.first_prompt_overflowed`): a tighter measure than `min_context`, taken in
+        the model's own tokens."""
+        if refused is not None:
+            raise ContextTooSmall(
+                f"{self.name}'s first request is {refused.prompt_tokens} tokens, more than the "
+                f"model's context of {refused.max_context}: it cannot start; use a model with a "
+                f"larger context, or another harness"
+            )
 
     # -- shared machinery --------------------------------------------------------------------
 
@@ -270,10 +347,15 @@ class HarnessSpec(abc.ABC):
             )
         for rel_path, content in self.config_files(endpoint).items():
             sandbox.write_file(f"{sandbox.home}/{rel_path}", content, mode=0o600)
-        return LaunchPlan(
-            argv=[str(self.executable(cache_dir)), *self.args(endpoint, prompt)],
-            env={**self.env, **self.endpoint_env(endpoint)},
-        )
+        argv = [str(self.executable(cache_dir)), *self.args(endpoint, prompt)]
+        stdin = self.stdin(prompt)
+        if stdin is not None:
+            path = f"{sandbox.home}/{PROMPT_FILE}"
+            sandbox.write_file(path, stdin, mode=0o600)
+            # `sh -c SCRIPT $0 $@...`: the file is $0, the CLI's argv is "$@", exec'd in place
+            # (same process, same process group) with stdin redirected.
+            argv = ["sh", "-c", 'exec "$@" < "$0"', path, *argv]
+        return LaunchPlan(argv=argv, env={**self.env, **self.endpoint_env(endpoint)})
 
     def launch(
         self,

@@ -10,6 +10,11 @@ and Parquet unchanged; wrap them in `numpy.asarray` where arrays are wanted. `SE
 is the one definition of an exported segment's fields and types: every writer (the env's `info`,
 the proxy's trace route, `RecordTraces`' JSONL and Parquet) and reader (`harness-gym trace`, the
 TRL integration) goes by it.
+
+Each call also leaves how it was sampled (`CallSampling`: temperature, top-p, top-k, max_tokens,
+seed), one entry per call in the `sampling_*` fields, and where its tokens start in the response
+(`call_starts`), so a trainer can re-score each call's tokens under the distribution that drew
+them: the recorded logprobs are of the temperature-scaled, top-k/top-p-filtered distribution.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from typing import Any, Literal
 SegmentRole = Literal["agent", "auxiliary", "discarded"]
 # The value types an exported segment's fields take ("int?": an int or None; "list[int8]": a
 # list of 0/1 flags, stored narrow).
-SegmentFieldType = Literal["str", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]"]
+SegmentFieldType = Literal[
+    "str", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]", "list[int?]",
+    "list[float?]",
+]
 
 #: An exported segment's fields, in order, with their types.
 SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
@@ -36,11 +44,21 @@ SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
     "n_calls": "int",
     "incomplete": "bool",  # the last call's generation was aborted
     "parent": "int?",  # index of the segment whose tokens this one's prompt copies
+    # One entry per call, in order; None where it was not recorded (older files, a bridge
+    # driven without a sampler).
+    "call_starts": "list[int?]",  # offset in response_ids where the call's tokens begin
+    "sampling_temperature": "list[float?]",
+    "sampling_top_p": "list[float?]",
+    "sampling_top_k": "list[int?]",  # 0: no top-k
+    "sampling_max_tokens": "list[int?]",  # the cap the engine sampled under
+    "sampling_seed": "list[int?]",  # None also when no seed was set
 }
+_PER_CALL = ("call_starts", "sampling_temperature", "sampling_top_p", "sampling_top_k",
+             "sampling_max_tokens", "sampling_seed")
 
 _EMPTY: dict[SegmentFieldType, Any] = {
     "str": "", "bool": False, "int": 0, "int?": None,
-    "list[int]": [], "list[int8]": [], "list[float]": [],
+    "list[int]": [], "list[int8]": [], "list[float]": [], "list[int?]": [], "list[float?]": [],
 }
 
 
@@ -52,7 +70,28 @@ def normalize_segment(raw: Mapping[str, Any]) -> dict[str, Any]:
         out["policy_versions"] = [raw["policy_version"]]
     if "n_calls" not in raw:
         out["n_calls"] = len(out["policy_versions"])
+    for name in _PER_CALL:
+        if name not in raw:  # files written before it was recorded
+            out[name] = [None] * out["n_calls"]
     return out
+
+
+@dataclass(frozen=True)
+class CallSampling:
+    """How one call was sampled: the parameters the engine got (after the session's overrides
+    and the context cap), so its logprobs can be reproduced."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, params: Any) -> CallSampling:
+        """From an engine's `SamplingParams` (or anything with those attributes)."""
+        return cls(float(params.temperature), float(params.top_p), int(params.top_k),
+                   int(params.max_tokens), params.seed)
 
 
 @dataclass
@@ -63,6 +102,8 @@ class TraceSegment:
     loss_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)  # one per call, in order
+    sampling: list[CallSampling | None] = field(default_factory=list)  # one per call
+    call_starts: list[int] = field(default_factory=list)  # one per call: response offset
     incomplete: bool = False  # generation was aborted (client gone, engine failed)
     parent: int | None = None  # index of the segment whose tokens this one's prompt copies
 
@@ -84,9 +125,12 @@ class TraceSegment:
         sampled_ids: Sequence[int],
         sampled_logprobs: Sequence[float],
         policy_version: int,
+        sampling: CallSampling | None = None,
     ) -> None:
         if len(sampled_ids) != len(sampled_logprobs):
             raise ValueError("every sampled token needs exactly one logprob")
+        self.call_starts.append(len(self.tokens) - self.prompt_len)
+        self.sampling.append(sampling)
         self.tokens.extend(inserted_ids)
         self.loss_mask.extend([0] * len(inserted_ids))
         self.response_logprobs.extend([0.0] * len(inserted_ids))
@@ -105,6 +149,8 @@ class TraceSegment:
         del self.loss_mask[keep:]
         del self.response_logprobs[keep:]
         del self.policy_versions[n_calls:]
+        del self.sampling[n_calls:]
+        del self.call_starts[n_calls:]
 
     def to_dict(self) -> dict[str, Any]:
         """The exported segment: `SEGMENT_SCHEMA`'s fields, plain lists."""
@@ -119,7 +165,15 @@ class TraceSegment:
             "n_calls": self.n_calls,
             "incomplete": self.incomplete,
             "parent": self.parent,
+            "call_starts": self._per_call(self.call_starts),
+            **{f"sampling_{name}": [getattr(s, name) if s is not None else None
+                                    for s in self._per_call(self.sampling)]
+               for name in ("temperature", "top_p", "top_k", "max_tokens", "seed")},
         }
+
+    def _per_call(self, values: list[Any]) -> list[Any]:
+        # Segments built by hand (tests, a placeholder row) may hold fewer records than calls.
+        return list(values[: self.n_calls]) + [None] * (self.n_calls - len(values))
 
 
 @dataclass
@@ -138,10 +192,31 @@ class CallRecord:
     truncated_tool_results: int = 0  # blanked by context_overflow="truncate"
 
 
+@dataclass(frozen=True)
+class ContextOverflow:
+    """A call the proxy refused because its prompt did not fit the model's context."""
+
+    prompt_tokens: int | None
+    max_context: int | None
+    after_calls: int  # calls answered before it: 0 means the CLI's very first prompt did not fit
+
+
 @dataclass
 class SessionTrace:
     segments: list[TraceSegment] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    overflows: list[ContextOverflow] = field(default_factory=list)
+
+    def note_overflow(self, prompt_tokens: int | None, max_context: int | None) -> None:
+        self.overflows.append(ContextOverflow(prompt_tokens, max_context, self.n_llm_calls))
+
+    @property
+    def first_prompt_overflowed(self) -> ContextOverflow | None:
+        """The refusal of the session's first prompt, if the model never answered a call: the
+        harness cannot work in this model's context at all."""
+        if self.n_llm_calls:
+            return None
+        return next((o for o in self.overflows if o.after_calls == 0), None)
 
     @property
     def n_llm_calls(self) -> int:

@@ -250,7 +250,23 @@ def segment_summary(index: int, segment: dict[str, Any]) -> str:
     return (f"segment {index}: role={segment['role']} policy_version={policy_versions(segment)} "
             f"calls={segment.get('n_calls', len(versions))} prompt={len(segment['prompt_ids'])} "
             f"response={len(segment['response_ids'])} (sampled {sampled}, "
-            f"inserted {len(segment['response_ids']) - sampled}){flags}")
+            f"inserted {len(segment['response_ids']) - sampled}){_sampling_summary(segment)}"
+            f"{flags}")
+
+
+_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+
+
+def _sampling_summary(segment: dict[str, Any]) -> str:
+    """The calls' sampling settings: one line of them when every call shared them."""
+    per_call = list(zip(*(segment.get(f"sampling_{name}") or [] for name in _SAMPLING)))
+    settings = {call for call in per_call if any(v is not None for v in call)}
+    if not settings:
+        return ""
+    if len(settings) > 1:
+        return f" sampling={len(settings)} settings"
+    (values,) = settings
+    return " " + " ".join(f"{n}={v}" for n, v in zip(_SAMPLING, values) if v is not None)
 
 
 EPISODE_FIELDS = ("task_id", "harness", "model", "outcome", "reward", "n_llm_calls",

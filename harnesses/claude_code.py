@@ -24,6 +24,20 @@ tests/fixtures/claude_code_requests.json):
   `--dangerously-skip-permissions` unless `IS_SANDBOX=1`, which is harmless for other users.
 - `--output-format stream-json --verbose` prints one JSON event a line: `system` (init),
   `assistant`/`user` messages, and a final `result` with `result`, `num_turns`, `is_error`.
+- The prompt goes on stdin (`-p` with no prompt argument reads it, exactly: leading dashes,
+  trailing spaces, 20 KB measured), so no argument parsing touches it and the 128 KiB argument
+  limit does not apply. A prompt whose first word is one of Claude Code's own slash commands
+  (`/compact ...`) still runs that command, on stdin, after `--`, or as stream-json input, and
+  with `--disable-slash-commands` ("/compact isn't available"); `/usr/bin/...` is plain text.
+- Limits: for a model it does not know ("policy") it assumes a 1,000,000-token window
+  (`modelUsage.contextWindow` in the result); `CLAUDE_CODE_MAX_CONTEXT_TOKENS` sets the window
+  and `CLAUDE_CODE_MAX_OUTPUT_TOKENS` each request's `max_tokens`. It auto-compacts once the
+  conversation passes about `window - max_output - 13,000` tokens (measured through the proxy
+  with SmolLM2's tokenizer: window 26,624 and output 6,656 -> it compacted after its second call,
+  at 12.5k; window 32,768 and output 4,096 -> at 16-17k, and since its first request alone is
+  12.4k it then compacted again every two or three calls, 960 times in 10 minutes). With a
+  quarter of the window for the answer and ~4k for a few turns, it needs
+  (12,424 + 4,096 + 13,000) * 4/3 ≈ 39k; against SmolLM2's 8,192 it cannot start.
 """
 
 from __future__ import annotations
@@ -42,16 +56,17 @@ class ClaudeCodeHarness(HarnessSpec):
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "IS_SANDBOX": "1",
     }
+    min_context = 39_936  # (first request 12,424 + 4,096 + 13,000) * 4/3, to a multiple of 1,024
 
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
-        # `-p` takes the next argument as the prompt, so a leading "-" is safe only with a space.
-        if prompt[:1] == "-":
-            prompt = " " + prompt
         return [
-            "-p", prompt,
+            "-p",
             "--output-format", "stream-json", "--verbose",
             "--dangerously-skip-permissions",
         ]
+
+    def stdin(self, prompt: str) -> str:
+        return prompt
 
     def endpoint_env(self, endpoint: Endpoint) -> dict[str, str]:
         return {
@@ -60,6 +75,7 @@ class ClaudeCodeHarness(HarnessSpec):
             "ANTHROPIC_MODEL": endpoint.model,
             "ANTHROPIC_DEFAULT_HAIKU_MODEL": endpoint.model,
             "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(endpoint.max_tokens),
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(endpoint.context_length),
         }
 
     def parse_output(self, stdout: str) -> HarnessOutput:

@@ -17,13 +17,18 @@ tests/fixtures/opencode_requests.json):
   ~30 KB (10 tools); system prompt as a `system` message; user content a plain string; a
   tool-call turn echoed with `content: ""` and compact re-serialized arguments; tool results as
   `role: "tool"` with string content ("(no output)" when empty).
-- `opencode run` builds its message as `args.map(a => a.includes(" ") ? `"${a}"` : a).join(" ")`:
-  a prompt passed as one argument arrives wrapped in literal quotes. `args` therefore passes it
-  split on single spaces as separate positionals (no piece holds a space, so the join restores
-  the exact text, newlines and empty pieces included; positionals stay strings, while after a
-  `--` yargs turns "2" into a number and OpenCode crashes). A piece starting with "-" would be
-  read as a flag, so such a prompt goes as one argument and arrives quoted (the proxy takes
-  that). Without `--title` it makes an extra title-generation call.
+- `opencode run` builds its message as `args.map(a => a.includes(" ") ? `"${a.replace(/"/g,
+  '\\"')}"` : a).join(" ")`, then appends piped stdin after a newline (`Bun.stdin.text()`), or
+  takes stdin alone when there are no message arguments. Any argument holding a space arrives
+  quoted and escaped, and one starting with "-" is a flag; so the prompt goes on stdin only,
+  byte for byte (measured: leading dashes, quotes, backslashes, trailing spaces, non-ASCII).
+  Without `--title` it makes an extra title-generation call.
+- Limits: `limit.context`/`limit.output` of our model in the config. It compacts when a call's
+  usage (prompt + answer) reaches `context - output` (`compaction.reserved` only applies with
+  `limit.input`), and asks each call for `max_tokens = output`. Its first request is 7,757
+  tokens with SmolLM2's tokenizer (9,102 with tiny's): with a quarter of the window reserved
+  for the answer and ~4k left for a few turns, it needs a window of (7,757 + 4,096) * 4/3 ≈
+  16k; in SmolLM2's 8,192 it compacted after every turn until the episode timed out.
 - Offline: at start it installs `@opencode-ai/plugin` (its own version) into every config dir
   with an embedded npm, i.e. it calls registry.npmjs.org. We install the plugin beside the CLI
   in the cache and `prepare` links `~/.config/opencode/node_modules` to it, with a package.json
@@ -67,13 +72,16 @@ class OpenCodeHarness(HarnessSpec):
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
     }
+    min_context = 16_384  # (first request 7,757 + 4,096) * 4/3, to a multiple of 1,024
 
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
         return [
             "run", "--pure", "--format", "json", "--title", "harness-gym",
             "--model", f"{PROVIDER}/{endpoint.model}",
-            *_message_args(prompt),
         ]
+
+    def stdin(self, prompt: str) -> str:
+        return prompt
 
     def config_files(self, endpoint: Endpoint) -> dict[str, str]:
         config = {
@@ -135,16 +143,13 @@ class OpenCodeHarness(HarnessSpec):
                 n_tool_calls = 0
             if kind == "tool_use":
                 n_tool_calls += 1
-            elif kind == "text" and part.get("text"):
+            elif kind == "text" and part.get("text") and not part.get("synthetic"):
+                # A synthetic part is OpenCode's own user turn ("Continue if you have next
+                # steps..." after a compaction), not what the model said.
                 final = part["text"]
             elif kind == "error":
                 error = _error_text(event.get("error"))
         return HarnessOutput(final, n_tool_calls, tail(stdout), error)
-
-
-def _message_args(prompt: str) -> list[str]:
-    pieces = prompt.split(" ")
-    return [prompt] if any(piece.startswith("-") for piece in pieces) else pieces
 
 
 def _error_text(error: Any) -> str:

@@ -26,6 +26,19 @@ Measured with 0.73.1 (tests/test_harness_pi.py; request shapes in tests/fixtures
   sandbox's job marker is what kills it when the episode times out.
 - `--mode json` prints one JSON event per line; stdout may also carry plain lines (offline
   notices), so the parser skips what is not JSON.
+- The prompt (`cli/args.js`, `main.js`): a positional argument is taken verbatim unless it
+  starts with "-" (a flag) or "@" (a file to attach); piped stdin is trimmed, then joined with
+  the first positional message (`stdin + message`, no separator). A prompt therefore goes on
+  stdin up to its last non-space character, its trailing whitespace as the positional message
+  (so no prompt meets the 128 KiB argument limit); one starting with whitespace is a safe
+  argument. `--no-prompt-templates` keeps a prompt starting
+  with "/" from being expanded as a template.
+- Limits: `contextWindow`/`maxTokens` in models.json; it sends `max_completion_tokens =
+  maxTokens`. It compacts when the context passes `contextWindow - compaction.reserveTokens`
+  (settings.json; default 16,384, which against SmolLM2's 8,192 compacted at the end of every
+  episode) and keeps `compaction.keepRecentTokens` (default 20,000) unsummarized. We reserve the
+  output cap and keep a quarter of the window. Its first request is 1,540 tokens with SmolLM2's
+  tokenizer (1,757 with tiny's).
 """
 
 from __future__ import annotations
@@ -43,18 +56,19 @@ class PiHarness(HarnessSpec):
     dialect = "openai-chat"
     shell_tool = "bash"
     env = {"PI_OFFLINE": "1", "PI_TELEMETRY": "0"}
+    min_context = 8_192  # (first request 1,540 + 4,096) * 4/3, to a multiple of 1,024
 
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
-        # Pi takes an argument starting with "@" as a file to attach and one starting with "-"
-        # as a flag; a leading space keeps such a task text a message.
-        if prompt[:1] in ("@", "-"):
-            prompt = " " + prompt
+        message = _split(prompt)[1]
         return [
-            "-p", "--offline", "--no-session",
+            "-p", "--offline", "--no-session", "--no-prompt-templates",
             "--provider", PROVIDER, "--model", endpoint.model,
             "--mode", "json",
-            prompt,
+            *([message] if message is not None else []),
         ]
+
+    def stdin(self, prompt: str) -> str | None:
+        return _split(prompt)[0]
 
     def config_files(self, endpoint: Endpoint) -> dict[str, str]:
         if endpoint.api_key.startswith("!"):
@@ -79,7 +93,16 @@ class PiHarness(HarnessSpec):
                 }
             }
         }
-        return {".pi/agent/models.json": json.dumps(models, indent=2)}
+        settings = {
+            "compaction": {
+                "reserveTokens": endpoint.max_tokens,
+                "keepRecentTokens": endpoint.context_length // 4,
+            }
+        }
+        return {
+            ".pi/agent/models.json": json.dumps(models, indent=2),
+            ".pi/agent/settings.json": json.dumps(settings, indent=2),
+        }
 
     def parse_output(self, stdout: str) -> HarnessOutput:
         final: str | None = None
@@ -106,3 +129,18 @@ class PiHarness(HarnessSpec):
                     final = text
         return HarnessOutput(final, n_tool_calls, tail(stdout), error)
 
+
+# What JavaScript's String.prototype.trim() removes (not quite Python's str.isspace()).
+_JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008" \
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+
+def _split(prompt: str) -> tuple[str | None, str | None]:
+    """(stdin, positional message) that Pi joins back into exactly `prompt`. Stdin carries all
+    it can (no 128 KiB argument limit, no flag or file parsing): everything but trailing
+    whitespace, which Pi would trim off it. A prompt that starts with whitespace cannot start on
+    stdin, and is safe as an argument."""
+    if not prompt or prompt[0] in _JS_SPACE:
+        return None, prompt
+    body = prompt.rstrip(_JS_SPACE)
+    return body, (prompt[len(body):] or None)

@@ -117,6 +117,7 @@ def test_the_environment_points_claude_code_at_the_endpoint() -> None:
     assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8123"
     assert (env["ANTHROPIC_API_KEY"], env["ANTHROPIC_MODEL"]) == ("sess", "m")
     assert (env["ANTHROPIC_DEFAULT_HAIKU_MODEL"], env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == ("m", "77")
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(endpoint.context_length)
 
 
 def test_the_output_parser_reads_the_result_event() -> None:

@@ -19,8 +19,9 @@ from harness_gym.harnesses.hermes import HermesHarness
 from support.recorded_requests import chat_shape, portable
 from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
-from harness_gym.harness import Endpoint, load_harness
+from harness_gym.harness import Endpoint, HarnessError, load_harness
 from harness_gym.sandbox import SandboxSpec
+from harness_gym.sandbox.base import ExecResult
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
@@ -128,16 +129,32 @@ def test_the_config_points_hermes_at_the_endpoint() -> None:
         '  api_key: "se:ss #1"\n'
         '  default: "m"\n'
         "  context_length: 1000\n"
+        "  max_tokens: 4096\n"
         "platform_toolsets:\n"
         '  cli: ["clarify", "code_execution", "delegation", "file", "memory", "session_search", '
         '"skills", "terminal", "todo", "vision"]\n'
     )
 
 
-def test_a_prompt_that_looks_like_a_flag_stays_a_message() -> None:
+def test_the_prompt_is_one_argument_whatever_it_starts_with() -> None:
     endpoint = Endpoint("http://127.0.0.1:9", "key")
-    assert HermesHarness().args(endpoint, "--help me") == ["-z", " --help me"]
-    assert HermesHarness().args(endpoint, "fix it") == ["-z", "fix it"]
+    assert HermesHarness().args(endpoint, "--help me") == ["--oneshot=--help me"]
+    assert HermesHarness().args(endpoint, "fix it") == ["--oneshot=fix it"]
+    assert HermesHarness().stdin("fix it") is None
+
+
+def test_a_prompt_over_the_argument_limit_is_refused_with_the_reason() -> None:
+    with pytest.raises(HarnessError, match="caps at"):
+        HermesHarness().args(Endpoint("http://127.0.0.1:9", "key"), "x" * 140_000)
+
+
+def test_the_reason_hermes_gives_on_stderr_is_the_error() -> None:
+    stderr = ("some log line\nhermes -z: agent failed: Model policy has a context window of "
+              "8,192 tokens, which is below the minimum 64,000 required by Hermes Agent.\n")
+    result = ExecResult(exit_code=1, stdout="", stderr=stderr)
+    output = HermesHarness().read_output(result)
+    assert output.error is not None and "below the minimum 64,000" in output.error
+    assert output.stderr_tail == stderr
 
 
 def _portable(request: RecordedRequest, box: LocalSandbox, cache: Path) -> dict[str, Any]:

@@ -113,10 +113,22 @@ def test_a_failed_model_call_is_reported_as_an_error(cache: Path, box: LocalSand
     assert output.final_message is None
 
 
-def test_the_prompt_goes_split_on_single_spaces_unless_a_piece_looks_like_a_flag() -> None:
-    endpoint = Endpoint("http://127.0.0.1:9", "key")
-    assert OpenCodeHarness().args(endpoint, "a  b\n-c")[-4:] == ["harness-gym/policy", "a", "", "b\n-c"]
-    assert OpenCodeHarness().args(endpoint, "run it -x")[-1] == "run it -x"
+def test_the_prompt_goes_on_stdin_and_never_in_an_argument() -> None:
+    """`opencode run` quotes and escapes any message argument holding a space."""
+    endpoint, prompt = Endpoint("http://127.0.0.1:9", "key"), 'run it -x "now"'
+    assert OpenCodeHarness().args(endpoint, prompt)[-1] == "harness-gym/policy"
+    assert OpenCodeHarness().stdin(prompt) == prompt
+
+
+def test_a_synthetic_continue_is_not_the_final_message() -> None:
+    """After a compaction OpenCode adds its own user turn, printed as a `text` event."""
+    said = {"type": "text", "part": {"type": "text", "text": "I fixed it."}}
+    synthetic = {"type": "text", "part": {
+        "type": "text", "synthetic": True, "metadata": {"compaction_continue": True},
+        "text": "Continue if you have next steps, or stop and ask for clarification if you "
+                "are unsure how to proceed."}}
+    output = OpenCodeHarness().parse_output("\n".join(map(json.dumps, [said, synthetic])))
+    assert output.final_message == "I fixed it."
 
 
 def test_the_config_points_opencode_at_the_endpoint() -> None:
@@ -126,7 +138,7 @@ def test_the_config_points_opencode_at_the_endpoint() -> None:
     provider = config["provider"]["harness-gym"]
     assert provider["npm"] == "@ai-sdk/openai-compatible"
     assert provider["options"] == {"baseURL": "http://127.0.0.1:8123/v1", "apiKey": "sess"}
-    assert provider["models"]["m"]["limit"]["context"] == 1000
+    assert provider["models"]["m"]["limit"] == {"context": 1000, "output": endpoint.max_tokens}
     assert (config["model"], config["permission"]) == ("harness-gym/m", "allow")
 
 

@@ -190,11 +190,25 @@ def _alive(pattern: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
 
 
-def test_a_prompt_that_looks_like_a_flag_or_a_file_stays_a_message() -> None:
-    endpoint = Endpoint("http://127.0.0.1:9", "key")
-    assert PiHarness().args(endpoint, "--help me")[-1] == " --help me"
-    assert PiHarness().args(endpoint, "@file fix it")[-1] == " @file fix it"
-    assert PiHarness().args(endpoint, "fix it")[-1] == "fix it"
+@pytest.mark.parametrize("prompt", ["--help me", "@file fix it", "fix it", "-x \n\t ",
+                                    " lead", "\n-x", "x\ufeff", ""])
+def test_stdin_and_the_message_argument_join_back_into_the_prompt(prompt: str) -> None:
+    """Pi trims stdin and appends the first positional message without a separator; a message
+    starting with "-" or "@" would be a flag or a file."""
+    harness, endpoint = PiHarness(), Endpoint("http://127.0.0.1:9", "key")
+    base = harness.args(endpoint, "x")
+    stdin, args = harness.stdin(prompt), harness.args(endpoint, prompt)
+    message = args[len(base):]
+    assert len(message) <= 1 and not (message and message[0][:1] in ("-", "@"))
+    js_trimmed = (stdin or "").strip("\t\n\v\f\r \ufeff")
+    assert stdin is None or js_trimmed == stdin
+    assert (stdin or "") + "".join(message) == prompt
+
+
+def test_pi_reserves_the_output_cap_for_compaction_not_16k() -> None:
+    endpoint = Endpoint("http://x", "k", context_length=8192, max_tokens=2048)
+    settings = json.loads(PiHarness().config_files(endpoint)[".pi/agent/settings.json"])
+    assert settings == {"compaction": {"reserveTokens": 2048, "keepRecentTokens": 2048}}
 
 
 def test_models_json_points_pi_at_the_endpoint() -> None:
@@ -205,6 +219,7 @@ def test_models_json_points_pi_at_the_endpoint() -> None:
     assert (provider["api"], provider["apiKey"]) == ("openai-completions", "sess")
     assert provider["models"][0]["id"] == "m"
     assert provider["models"][0]["contextWindow"] == 1000
+    assert provider["models"][0]["maxTokens"] == endpoint.max_tokens
 
 
 def test_the_output_parser_skips_lines_that_are_not_json() -> None:

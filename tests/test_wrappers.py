@@ -25,7 +25,7 @@ from harness_gym.wrappers import (
 )
 
 from harness_gym.env import ACTION_SPACE, AnyText
-from harness_gym.trace import SEGMENT_SCHEMA, TraceSegment
+from harness_gym.trace import SEGMENT_SCHEMA, CallSampling, TraceSegment, normalize_segment
 from harness_gym.vector_env import batch_infos
 
 
@@ -35,10 +35,12 @@ def segment(version: int, n: int = 3) -> dict:
 
 
 def unusual_segment() -> dict:
-    """Every field away from its default: a forked, aborted auxiliary segment of two calls."""
+    """Every field away from its default: a forked, aborted auxiliary segment of two calls,
+    sampled differently (the second with a seed)."""
     return TraceSegment("auxiliary", [5, 6, 7, 8, 9], 2, loss_mask=[1, 0, 1],
                         response_logprobs=[-0.25, 0.0, -1.5], policy_versions=[4, 3],
-                        incomplete=True, parent=0).to_dict()
+                        sampling=[CallSampling(0.7, 0.95, 40, 256), CallSampling(1.0, 1.0, 0, 17, 3)],
+                        call_starts=[0, 1], incomplete=True, parent=0).to_dict()
 
 
 def episode(task: str, outcome: str = "passed", version: int | None = 0) -> dict:
@@ -170,3 +172,13 @@ def test_record_traces_keeps_every_segment_field(tmp_path, fmt):
         rows = [json.loads(line) for line in env.file.read_text().splitlines()]
     assert rows[0]["trace"] == written
     assert load_episodes(env.file)[0]["trace"] == written
+    assert rows[0]["trace"][1]["sampling_temperature"] == [0.7, 1.0]
+    assert rows[0]["trace"][1]["sampling_seed"] == [None, 3]
+
+
+def test_a_segment_from_before_sampling_was_recorded_reads_back_with_one_null_per_call():
+    old = {k: v for k, v in unusual_segment().items()
+           if not k.startswith("sampling_") and k != "call_starts"}
+    read = normalize_segment(old)
+    assert list(read) == list(SEGMENT_SCHEMA)
+    assert read["sampling_temperature"] == [None, None] and read["call_starts"] == [None, None]

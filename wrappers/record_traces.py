@@ -20,6 +20,7 @@ _ARROW_TYPES = {
     "str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "int?": pa.int64(),
     "list[int]": pa.list_(pa.int64()), "list[int8]": pa.list_(pa.int8()),
     "list[float]": pa.list_(pa.float64()),
+    "list[int?]": pa.list_(pa.int64()), "list[float?]": pa.list_(pa.float64()),  # null items
 }
 #: A trace segment as Parquet stores it: `harness_gym.trace.SEGMENT_SCHEMA`, field for field.
 SEGMENT = pa.struct([(name, _ARROW_TYPES[kind]) for name, kind in SEGMENT_SCHEMA.items()])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..engines.base import Completion
-from ..trace import CallRecord, SessionTrace, TraceSegment
+from ..trace import CallRecord, CallSampling, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
 from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
 
@@ -69,6 +69,7 @@ class PromptPlan:
     parent: TurnNode | None = None  # set for "extend" and "retry"
     inserted_ids: tuple[int, ...] = ()  # tokens after parent.end; mask 0
     truncated_tool_results: int = 0
+    sampling: CallSampling | None = None  # set once the call's sampling is settled; recorded
 
 
 class PromptBridge:
@@ -188,6 +189,7 @@ class PromptBridge:
                 completion.token_ids,
                 completion.logprobs,
                 completion.policy_version,
+                plan.sampling,
             )
             node = TurnNode(
                 segment=segment_index,
@@ -227,7 +229,8 @@ class PromptBridge:
             segment = TraceSegment(
                 "discarded", list(plan.prompt_ids), len(plan.prompt_ids), incomplete=True
             )
-            segment.append_call((), completion.token_ids, completion.logprobs, completion.policy_version)
+            segment.append_call((), completion.token_ids, completion.logprobs,
+                                completion.policy_version, plan.sampling)
             self.trace.segments.append(segment)
             self.trace.calls.append(
                 CallRecord(
@@ -282,6 +285,8 @@ class PromptBridge:
             loss_mask=segment.loss_mask[node.prompt_end - segment.prompt_len :],
             response_logprobs=segment.response_logprobs[node.prompt_end - segment.prompt_len :],
             policy_versions=segment.policy_versions[node.n_calls - 1 : node.n_calls],
+            sampling=segment.sampling[node.n_calls - 1 : node.n_calls],
+            call_starts=[0],
             parent=node.segment,
         )
         segment.truncate(node.prompt_end, node.n_calls - 1)

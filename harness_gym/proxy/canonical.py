@@ -7,7 +7,8 @@ parser and the trace only ever see these types.
 `Message.semantic_key()` is what the bridge compares: the CLIs do not echo the model's turn
 byte for byte (they re-serialize tool arguments, send `content: ""` or `null` for an empty
 turn, and Claude Code sends parsed `input` objects), so two messages are "the same turn" when
-their roles, normalised text and tool calls (names and arguments as parsed JSON) are equal.
+their roles, normalised text and tool calls (names and arguments as parsed JSON, numbers as the
+JavaScript CLIs round-trip them: `json_echo`) are equal.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+
+from .json_echo import echo_key
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -72,7 +75,7 @@ class Message:
             body: list[Any] = [
                 "assistant",
                 self.content.strip(),
-                [[call.name, call.arguments] for call in self.tool_calls],
+                [[call.name, echo_key(call.arguments).hex()] for call in self.tool_calls],
             ]
         else:
             body = [self.role, self.content, self.tool_call_id, self.name]

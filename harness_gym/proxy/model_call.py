@@ -26,6 +26,7 @@ from ..engines.base import (
     RequestContext,
     TokenChunk,
 )
+from ..trace import CallSampling
 from .answer import AnswerText, ParsedAnswer
 from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
@@ -163,6 +164,17 @@ def plan_prompt(
     Tokenizing stops early a quarter past the context: a longer prompt is refused either way
     (its error then says "at least N tokens"), and what it costs must not grow with what a
     client sends."""
+    try:
+        return _plan_prompt(session, engine, request, settings)
+    except ProxyError as error:
+        if error.kind == "context_length":  # the episode tells "cannot start" from the trace
+            session.trace.note_overflow(error.prompt_tokens, error.max_context)
+        raise
+
+
+def _plan_prompt(
+    session: ProxySession, engine: Engine, request: ChatRequest, settings: ProxySettings
+) -> PromptPlan:
     budget = prompt_budget(engine)
     try:
         plan = session.bridge.plan(request, budget)
@@ -203,6 +215,7 @@ async def start_call(
     sampling = session.sampling_params(
         request.sampling, len(plan.prompt_ids), engine.max_context, settings.default_max_tokens
     )
+    plan.sampling = CallSampling.of(sampling)  # the trace records what drew the tokens
     context = RequestContext(routing_key=session.session_id, policy_version=session.policy_version)
     try:
         stream = engine.stream(plan.prompt_ids, sampling, context)

@@ -1,0 +1,141 @@
+"""The four real CLIs, through the real proxy, with a scripted policy: what the model is shown
+and what the bridge makes of what the CLIs send back.
+
+- The task text reaches the model byte for byte (decoded from the prompt ids the engine got),
+  whatever it holds: leading dashes, `->`, quotes, backslashes, `$()`, backticks, non-ASCII, an
+  "@file", CRLF, 20 KB.
+- A tool call with `120000.0`, `1e5` and a 20-digit integer in its arguments, echoed back by a
+  JavaScript CLI as `120000`, `100000` and `12345678901234567000`, stays one agent segment.
+
+The policy is a `ScriptedEngine` in the tiny model's tokenizer without a scoring model: these
+tests look at token ids and segments, not at logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from support.fidelity import run_harness, scripted
+
+from harness_gym.episode import TASK_INSTRUCTION
+from harness_gym.harness import load_harness
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("npm") is None, reason="the CLIs install with npm"),
+    pytest.mark.timeout(900),
+]
+
+CLIS = ("claude-code", "hermes", "opencode", "pi")
+JAVASCRIPT_CLIS = ("claude-code", "opencode", "pi")
+
+_HEAD = (
+    "--width -> must stay positive\n"
+    "-h prints help, and so does --help=\"full\"\n"
+    "@notes.txt is text, not a file to attach\n"
+    "/usr/bin/env is a path, not a command\n"
+)
+_LINES = [
+    'parse("a -> b") returns "a\\\\b" instead of \'a -> b\'\n',
+    "the shell sees $(whoami) and `id` and ${HOME} and $PATH literally\n",
+    "  - a bullet with -- dashes and trailing spaces   \n",
+    "Windows line\r\n",
+    "tabs\tbetween\tcells; a backslash at the end \\\n",
+    "café, naïve, 中文, Ελληνικά, emoji 🚀 (NFC text)\n",
+    '{"json": [1, 2.50, -3e4], "quote": "\\"x\\""} %s %d {{ jinja }}\n',
+]
+
+
+def problem_statement(size: int = 20_000) -> str:
+    lines, n = [_HEAD], 0
+    while sum(len(line.encode()) for line in lines) < size:
+        lines.append(f"{n:04d} {_LINES[n % len(_LINES)]}")
+        n += 1
+    return "".join(lines) + "Expected: -1 is rejected with an error."
+
+
+def _installed(name: str):
+    harness = load_harness(name)
+    if not harness.is_installed():
+        harness.install()
+    return harness
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", CLIS)
+def test_the_model_sees_the_task_text_byte_for_byte(cli: str) -> None:
+    statement = problem_statement()
+    assert len(statement.encode()) > 20_000
+    prompt = statement + TASK_INSTRUCTION
+    engine = scripted(lambda _: "Done.")
+    run = run_harness(_installed(cli), engine, prompt)
+    assert run.trace.n_llm_calls >= 1, run.result.stderr[-2000:]
+    agent_prompt = run.prompts(engine)[0]
+    # The whole user text, bounded: after the turn header (or Claude Code's system-reminder
+    # block) and up to the end of the turn; nothing added before or after it.
+    assert "\n" + prompt + "<|im_end|>" in agent_prompt, _first_difference(prompt, agent_prompt)
+
+
+def _first_difference(expected: str, shown: str) -> str:
+    anchor = expected[:40]
+    at = shown.find(anchor)
+    if at < 0:
+        return f"the prompt's start {anchor!r} is not in what the model saw"
+    for i, (a, b) in enumerate(zip(expected, shown[at:])):
+        if a != b:
+            return f"differs at {i}: expected {expected[i:i + 40]!r}, saw {shown[at + i:at + i + 40]!r}"
+    return "the prompt is cut short"
+
+
+NUMBERS = '{"command": "echo ok", "timeout": 120000.0, "n": 1e5, "big": 12345678901234567890}'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", JAVASCRIPT_CLIS)
+def test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment(cli: str) -> None:
+    harness = _installed(cli)
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "Done."
+        return ('<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
+                % (harness.shell_tool, NUMBERS))
+
+    run = run_harness(harness, scripted(script), "Run the command.")
+    segments = run.trace.to_dicts()
+    agents = [s for s in segments if s["role"] == "agent"]
+    assert run.trace.n_llm_calls == 2, run.result.stdout[-3000:]
+    assert [s["n_calls"] for s in agents] == [2], [s["role"] for s in segments]
+    # The second call extended the first: its prompt holds the tool call as sampled.
+    calls = run.trace.calls
+    assert (calls[1].kind, calls[1].bridged) == ("extend", True)
+    assert json.loads(NUMBERS)["big"] == 12345678901234567890  # spelled as the model wrote it
+
+
+@pytest.mark.slow
+def test_opencode_and_the_oracle_pass_every_builtin_task() -> None:
+    """Five built-in tasks hold a piece starting with "-"; passed as an argument, OpenCode showed
+    the model a quoted, escaped text and the oracle failed slugs-40."""
+    import gymnasium as gym
+
+    import harness_gym  # noqa: F401
+    from harness_gym.tasks.loader import load_tasks
+
+    _installed("opencode")
+    tasks = load_tasks("builtin")
+    assert len(tasks) == 13
+    env = gym.make("HarnessSWE-v0", harness="opencode", engine="oracle", sandbox="local",
+                   progress=False, episode_timeout_s=300)
+    outcomes = {}
+    try:
+        for task in tasks:
+            env.reset(options={"task_id": task.instance_id})
+            _, _, _, _, info = env.step(None)
+            outcomes[task.instance_id] = (info["outcome"], info["error"])
+            shown = [s for s in info["trace"] if s["role"] == "agent"]
+            assert len(shown) == 1, (task.instance_id, [s["role"] for s in info["trace"]])
+    finally:
+        env.close()
+    assert {t: o for t, (o, _) in outcomes.items()} == {t.instance_id: "passed" for t in tasks}, \
+        outcomes

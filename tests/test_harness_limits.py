@@ -1,0 +1,145 @@
+"""The CLIs know the model's limits, and a CLI that cannot work in the model's window is an
+`infra_error`, said at once, never a failure that enters the reward.
+
+SmolLM2-135M's limits (8,192 tokens of context) are the case: Pi's first request is ~1.5k of
+its tokens, OpenCode's 7.8k, Hermes' 11.6k (and Hermes refuses any window under 64,000), Claude
+Code's 12.4k. The policy is a `ScriptedEngine` in SmolLM2's real tokenizer reporting the window
+under test (no scoring model: logprobs are not looked at); `test_pi_with_the_real_smollm2_*`
+runs the real model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import gymnasium as gym
+import pytest
+from support.fidelity import run_harness, scripted
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.harness import load_harness
+from harness_gym.harnesses.hermes import HermesHarness
+from harness_gym.harnesses.opencode import OpenCodeHarness
+from harness_gym.proxy.model_call import ProxySettings
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("npm") is None, reason="the CLIs install with npm"),
+    pytest.mark.timeout(1200),
+]
+
+SMOLLM2_CONTEXT = 8_192
+TASK = "harness-gym__routes-61"
+
+
+def tool_turns(shell: str, turns: int):
+    """A script: `turns` calls to the shell tool, then a final answer."""
+
+    def script(prompt: str) -> str:
+        done = prompt.count("</tool_response>")
+        if done >= turns:
+            return "All done."
+        return ('Step %d.\n<tool_call>\n{"name": "%s", "arguments": {"command": "echo %d"}}\n'
+                "</tool_call>" % (done, shell, done))
+
+    return script
+
+
+def step_once(harness, engine, **settings):
+    env = gym.make("HarnessSWE-v0", harness=harness, engine=engine, sandbox="local",
+                   progress=False, **settings)
+    try:
+        env.reset(options={"task_id": TASK})
+        started = time.monotonic()
+        _, reward, _, _, info = env.step(None)
+        return reward, info, time.monotonic() - started
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode"])
+def test_a_cli_that_needs_more_context_than_smollm2_has_is_an_infra_error_at_once(cli: str):
+    engine = scripted(lambda _: "All done.", "smollm2", SMOLLM2_CONTEXT)
+    reward, info, seconds = step_once(cli, engine)
+    assert info["outcome"] == "infra_error" and info["reward_breakdown"]["drop"] is True
+    assert f"at least {load_harness(cli).min_context} tokens" in info["error"]
+    assert f"the model has {SMOLLM2_CONTEXT}" in info["error"]
+    assert info["n_llm_calls"] == 0 and info["trace"] == []
+    assert seconds < 5, seconds  # decided before a sandbox or the CLI starts
+
+
+class UncheckedOpenCode(OpenCodeHarness):
+    """OpenCode with no declared minimum: only the proxy can tell it does not fit."""
+
+    min_context = 0
+
+
+@pytest.mark.slow
+def test_a_first_prompt_the_proxy_refuses_ends_the_episode_as_infra_error_within_seconds():
+    """OpenCode's first request is 9,102 tiny-tokenizer tokens: against 8,192 the proxy refuses
+    it, and the episode stops the CLI then and there (it would compact until the timeout)."""
+    engine = scripted(lambda _: "All done.", "tiny", SMOLLM2_CONTEXT)
+    reward, info, seconds = step_once(UncheckedOpenCode(), engine, episode_timeout_s=600)
+    assert info["outcome"] == "infra_error" and info["reward_breakdown"]["drop"] is True
+    assert "first request is" in info["error"] and f"context of {SMOLLM2_CONTEXT}" in info["error"]
+    assert info["n_llm_calls"] == 0
+    assert seconds < 120, seconds  # the CLI's start-up, then at most a poll interval
+
+
+class UncheckedHermes(HermesHarness):
+    """Hermes with no declared minimum: it starts, and refuses by itself."""
+
+    min_context = 0
+
+
+@pytest.mark.slow
+def test_what_hermes_says_on_stderr_is_kept_in_harness_output():
+    """Hermes exits 1 and gives its reason on stderr only; the episode keeps it."""
+    engine = scripted(lambda _: "All done.", "tiny", SMOLLM2_CONTEXT)
+    reward, info, seconds = step_once(UncheckedHermes(), engine)
+    said = info["harness_output"]
+    assert said["error"].startswith("hermes -z: agent failed:")
+    assert "below the minimum 64,000" in said["error"] and said["error"] in said["stderr_tail"]
+    assert info["outcome"] == "harness_error" and said["error"] in info["error"]
+    assert info["n_llm_calls"] == 0
+
+
+# Pi fits SmolLM2's own window; OpenCode and Claude Code run at their declared minimum, which is
+# where a wrong limit (a reserve larger than the room left) would show first.
+WINDOWS = {"pi": SMOLLM2_CONTEXT, "opencode": None, "claude-code": None}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", list(WINDOWS))
+def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str):
+    harness = load_harness(cli)
+    window = WINDOWS[cli] or harness.min_context
+    turns = 3
+    engine = scripted(tool_turns(harness.shell_tool, turns), "smollm2", window)
+    run = run_harness(harness, engine, "Run three commands, one at a time.")
+    segments = run.trace.to_dicts()
+    assert [s["role"] for s in segments] == ["agent"], run.result.stdout[-3000:]
+    assert run.trace.n_llm_calls == turns + 1 == segments[0]["n_calls"]
+    assert run.trace.n_tool_calls == turns
+    # Each call asked for exactly the cap the CLI was told (the proxy's own cap is larger), or
+    # less where the window had less room left: never more, so no answer is cut short of what
+    # the CLI expects.
+    cap = run.endpoint.max_tokens
+    assert cap == min(ProxySettings().default_max_tokens, window // 4)
+    asked = segments[0]["sampling_max_tokens"]
+    room = [window - call.prompt_tokens for call in run.trace.calls]
+    assert asked == [min(cap, r) for r in room]
+
+
+@pytest.mark.slow
+def test_pi_with_the_real_smollm2_runs_short_episodes_without_compacting():
+    """SmolLM2 itself (slow here: ~10 tokens/s), answers capped at 96 tokens by the session."""
+    for _ in range(2):
+        reward, info, seconds = step_once("pi", "smollm2", sampling={"max_tokens": 96},
+                                          episode_timeout_s=900)
+        roles = [s["role"] for s in info["trace"]]
+        assert info["outcome"] in ("passed", "failed", "harness_error"), info["error"]
+        assert roles == ["agent"], roles  # no compaction call, no second segment
+        assert info["n_llm_calls"] == info["trace"][0]["n_calls"] >= 1
+        assert set(info["trace"][0]["sampling_max_tokens"]) <= set(range(1, 97))
