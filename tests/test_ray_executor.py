@@ -1,7 +1,9 @@
 """`executor="ray"`: the same Pi + oracle step on a local 2-CPU Ray cluster and on local threads.
 
 One module-scoped pair of steps (threads, then Ray, same seed) backs the comparisons; the Ray
-env's `close()` is checked to leave no actor and no process of the cluster it started behind.
+env's `close()` is checked to leave no actor, no process of the cluster it started and no
+runner workspace behind. A real multi-node cluster (nodes lost, frozen, joining; two envs) is
+tests/test_ray_cluster.py.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +22,8 @@ import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfig
 from harness_gym.engines import load_engine
 from harness_gym.engines.oracle import OracleEngine
+from harness_gym.integrations.trl import make_rollout_func
+from harness_gym.ray_cluster import RayCluster
 from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
@@ -87,8 +92,10 @@ def steps():
         start_s = time.perf_counter() - started
         on_ray = one_step(envs)
         executor = envs.unwrapped._executor
-        on_ray.update(start_s=start_s, nodes=executor.nodes, actor_names=executor.actor_names,
-                      processes=descendants(os.getpid()) - before)
+        nodes = executor.nodes
+        on_ray.update(start_s=start_s, nodes=nodes, actor_names=executor.actor_names,
+                      processes=descendants(os.getpid()) - before | {nodes[0]["guard_pid"]},
+                      placements=executor.placements)
     finally:
         envs.close()
     deadline = time.monotonic() + 30
@@ -138,11 +145,19 @@ def test_the_local_cluster_runs_one_node_runner_with_its_own_proxy(steps):
     assert node["proxy_url"].startswith("http://127.0.0.1:") and node["harnesses"] == ["pi"]
 
 
-def test_close_leaves_no_actor_and_no_process_of_the_cluster_behind(steps):
+def test_close_leaves_no_actor_process_or_workspace_of_the_cluster_behind(steps):
     on_ray = steps["ray"]
     assert on_ray["nodes"][0]["pid"] in on_ray["processes"]  # the actor was a process of ours
-    assert on_ray["left_alive"] == set()
+    assert on_ray["left_alive"] == set()  # the guard of its workspace included
+    assert not Path(on_ray["nodes"][0]["workspace"]).exists()
     assert not ray.is_initialized()
+
+
+def test_the_executor_logs_where_each_episode_ran(steps):
+    (node,) = steps["ray"]["nodes"]
+    placements = steps["ray"]["placements"]
+    assert [p.outcome for p in placements] == ["passed", "passed"]
+    assert all(p.nodes == (node["node_id"],) and p.called for p in placements)
 
 
 def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_up(steps):
@@ -172,5 +187,40 @@ def test_the_ray_executor_refuses_an_engine_object_and_an_unknown_executor():
             RayEpisodeExecutor(EpisodeConfig(engine=engine), max_episodes_per_node=1)
     finally:
         engine.close()
-    with pytest.raises(ValueError, match="'threads' or 'ray'"):
+    with pytest.raises(ValueError, match="'threads', 'ray' or an ExecutorFactory"):
         make_vec(executor="processes")
+    with pytest.raises(ValueError, match="ray_address apply to executor='ray' only"):
+        make_vec(executor=RayCluster(), ray_address="auto")
+
+
+TRAINER = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer
+    model=None, num_generations=2, state=SimpleNamespace(global_step=7),
+    args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=4096))
+
+
+def test_the_trl_rollout_func_runs_its_episodes_on_the_executor_it_is_given():
+    cluster = RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0)
+    with make_rollout_func(harness="pi", engine="oracle", tasks="builtin",
+                           executor=cluster) as rollout:
+        assert rollout.executor is cluster
+        task = rollout.tasks[0]
+        out = rollout([task.instance_id] * 2, TRAINER)
+        (envs,) = rollout._envs.values()
+        assert isinstance(envs.unwrapped.executor, RayEpisodeExecutor)
+    assert out["outcome"] == ["passed", "passed"] and out["policy_version"] == [7, 7]
+    assert all(0 in mask and 1 in mask for mask in out["env_mask"])
+    assert not ray.is_initialized()
+
+
+def test_a_ray_rollout_row_without_an_agent_segment_gets_a_placeholder_from_a_local_engine():
+    with make_rollout_func(harness="pi", engine="oracle", executor="ray") as rollout:
+        task = rollout.tasks[0]
+        infos = {"trace": [[]], "outcome": ["infra_error"], "n_tool_calls": [0]}
+        rows = rollout._rows([task], np.array([0.0]), infos, engine=None)
+    assert rows["env_mask"] == [[0]] and rows["policy_version"] == [None]
+    assert len(rows["prompt_ids"][0]) > 10
+
+
+def test_the_trainers_in_process_model_cannot_serve_a_ray_executor():
+    with pytest.raises(ValueError, match="engine='vllm:URL'"):
+        make_rollout_func(harness="pi", executor="ray")
