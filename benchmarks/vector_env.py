@@ -5,11 +5,11 @@
 1. One Pi + oracle episode alone vs 8 at once (num_envs=8, group_size=4) on one proxy/engine:
    8 sequential episodes would take 8x the single time; the vector env overlaps their CLI
    start-up, tool runs and grading, so the ratio should be well under 8.
-2. With `--ray`, the same 8-episode step on the Ray executor (a local one-node cluster: one
-   `NodeRunner` actor with its own proxy and engine) vs on threads, and the Ray hop itself: the
-   round trip of an episode that ends at once on the runner (an unknown harness: `infra_error`
-   without a sandbox or CLI), so what is measured is submit -> executor thread -> actor call ->
-   result pickled back -> future, nothing of the episode.
+2. With `--ray`, instead: the same 8-episode step on the Ray executor (a local one-node
+   cluster: one `NodeRunner` actor with its own proxy and engine) vs on threads, and the Ray hop
+   itself: the round trip of an episode that ends at once on the runner (an unknown harness:
+   `infra_error` without a sandbox or CLI), so what is measured is submit -> executor thread ->
+   actor call -> result pickled back -> future, nothing of the episode.
 """
 
 from __future__ import annotations
@@ -65,13 +65,20 @@ def hop_p50(executor, n: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per setting (best kept)")
-    parser.add_argument("--ray", action="store_true", help="also run the step on Ray")
+    parser.add_argument("--ray", action="store_true", help="the step on Ray vs on threads")
     args = parser.parse_args()
+    if args.ray:
+        ray_vs_threads(args.repeats)
+    else:
+        vector_vs_single(args.repeats)
+
+
+def vector_vs_single(repeats: int) -> None:
     tiny = load_tiny_engine()
     times = {}
     try:
         for num_envs, group_size in ((1, 1), (8, 4)):
-            times[num_envs], _ = best_step(args.repeats, num_envs=num_envs,
+            times[num_envs], _ = best_step(repeats, num_envs=num_envs,
                                            group_size=group_size, engine=OracleEngine(tiny))
     finally:
         tiny.close()
@@ -79,11 +86,12 @@ def main() -> None:
     print(f"1 episode: {times[1]:.2f} s   8 concurrent episodes: {times[8]:.2f} s   "
           f"ratio: {ratio:.2f}x (sequential would be 8x; "
           f"{8 * times[1] / times[8]:.1f} episodes' worth of throughput per single-episode time)")
-    if not args.ray:
-        return
+
+
+def ray_vs_threads(repeats: int) -> None:
     same = {"num_envs": 8, "group_size": 4, "engine": "oracle"}  # a spec: Ray ships it
-    threads, thread_hop = best_step(args.repeats, **same)
-    on_ray, ray_hop = best_step(args.repeats, executor=LOCAL_RAY, **same)
+    threads, thread_hop = best_step(repeats, **same)
+    on_ray, ray_hop = best_step(repeats, executor=LOCAL_RAY, **same)
     print(f"8 episodes, threads: {threads:.2f} s   Ray (one local node): {on_ray:.2f} s   "
           f"difference: {(on_ray - threads) / 8 * 1000:+.0f} ms per episode")
     print(f"hop of an episode that ends at once, p50: threads {thread_hop * 1000:.2f} ms   "

@@ -1,4 +1,5 @@
-"""The Ray executor on a real multi-node cluster: nodes die, freeze, join; envs share; nothing leaks.
+"""The Ray executor on a real multi-node cluster: nodes die, freeze and join, envs share it, and
+nothing leaks.
 
 One driver program (`support/ray_cluster_story.py`, run as its own process, as a training driver
 is) starts a cluster on this machine with `ray start` (a head without rollout resources, rollout

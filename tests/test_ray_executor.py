@@ -25,6 +25,7 @@ from harness_gym.engines.oracle import OracleEngine
 from harness_gym.integrations.trl import make_rollout_func
 from harness_gym.ray_cluster import RayCluster
 from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
+from harness_gym.ray_placement import RayPlacementError
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
@@ -224,3 +225,16 @@ def test_a_ray_rollout_row_without_an_agent_segment_gets_a_placeholder_from_a_lo
 def test_the_trainers_in_process_model_cannot_serve_a_ray_executor():
     with pytest.raises(ValueError, match="engine='vllm:URL'"):
         make_rollout_func(harness="pi", executor="ray")
+
+
+def test_a_runner_that_cannot_start_fails_start_up_with_its_reason():
+    config = EpisodeConfig(harness="pi", engine="hf:/no/such/model", progress=False)
+    started = time.monotonic()
+    with pytest.raises(RayPlacementError) as raised:
+        RayEpisodeExecutor(config, max_episodes_per_node=1,
+                           cluster=RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0))
+    message = str(raised.value)
+    assert "no Ray node runner could start:" in message  # at once, not at start_timeout_s
+    assert "its runner failed: could not start:" in message and "/no/such/model" in message
+    assert time.monotonic() - started < 240
+    assert not ray.is_initialized()

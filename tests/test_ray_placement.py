@@ -59,7 +59,8 @@ def test_the_report_says_what_each_node_lacks():
     assert "asks for CPU 1, rollout 1 on a node labelled role=rollout" in report
     assert "head (10.0.0.4): cannot host: no label role=rollout, no rollout" in report
     assert "rollout-b (10.0.0.9): busy: rollout 0 of 2 free" in report
-    assert "trainer (10.0.0.7): cannot host: label role=rollout (has 'trainer'), no rollout" in report
+    assert ("trainer (10.0.0.7): cannot host: label role=rollout (has 'trainer'), no rollout"
+            in report)
     assert "its runner failed: npm not found" in report
     assert "no alive node" in placement_report([], demand, {})
 
