@@ -64,7 +64,8 @@ def hop_p50(executor, n: int = 50) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps per setting (best kept)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed steps per setting (best kept)")
     parser.add_argument("--ray", action="store_true", help="the step on Ray vs on threads")
     args = parser.parse_args()
     if args.ray:
@@ -93,9 +94,10 @@ def ray_vs_threads(repeats: int) -> None:
     threads, thread_hop = best_step(repeats, **same)
     on_ray, ray_hop = best_step(repeats, executor=LOCAL_RAY, **same)
     print(f"8 episodes, threads: {threads:.2f} s   Ray (one local node): {on_ray:.2f} s   "
+          f"ratio: {on_ray / threads:.2f}x   "
           f"difference: {(on_ray - threads) / 8 * 1000:+.0f} ms per episode")
     print(f"hop of an episode that ends at once, p50: threads {thread_hop * 1000:.2f} ms   "
-          f"Ray {ray_hop * 1000:.2f} ms")
+          f"Ray {ray_hop * 1000:.2f} ms   ratio: {ray_hop / thread_hop:.0f}x")
 
 
 if __name__ == "__main__":

@@ -119,3 +119,19 @@ def executor_factory(
         return executor
     raise ValueError(f"executor is 'threads', 'ray' or an ExecutorFactory such as "
                      f"harness_gym.ray_cluster.RayCluster(...), got {executor!r}")
+
+
+def make_executor(
+    executor: ExecutorSpec,
+    config: EpisodeConfig,
+    *,
+    max_workers: int,
+    ray_address: str | None = None,
+    ray_init: Mapping[str, Any] | None = None,
+    ray_actor_options: Mapping[str, Any] | None = None,
+) -> EpisodeExecutor:
+    """A started executor, for code that runs episodes without a vector env (an async rollout
+    worker): `executor` and the `ray_*` shorthands as `executor_factory` takes them."""
+    factory = executor_factory(executor, ray_address=ray_address, ray_init=ray_init,
+                               ray_actor_options=ray_actor_options)
+    return factory.start(config, max_workers=max_workers)

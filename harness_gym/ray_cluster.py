@@ -45,6 +45,9 @@ class RayCluster:
       deadline (sandbox start, repo copy, grading set-up).
     - `poll_s`: how often the cluster's membership is read; also the runners' heartbeat.
     - `max_reruns`: how often an episode lost before its first model call is run again.
+    - `retry_s`: how long a node whose runner was lost or failed to start waits for the next
+      one (doubling on each failure in a row, up to 10 min): a runner that crashes at once does
+      not restart in a loop.
     """
 
     address: str | None = None
@@ -55,12 +58,14 @@ class RayCluster:
     deadline_margin_s: float = 120.0
     poll_s: float = 5.0
     max_reruns: int = 2
+    retry_s: float = 30.0
 
     def __post_init__(self) -> None:
         check_actor_options(self.actor_options)
-        if min(self.start_timeout_s, self.poll_s) <= 0 or self.deadline_margin_s < 0:
+        if min(self.start_timeout_s, self.poll_s) <= 0 or min(self.deadline_margin_s,
+                                                               self.retry_s) < 0:
             raise ValueError("start_timeout_s and poll_s must be positive, deadline_margin_s "
-                             "not negative")
+                             "and retry_s not negative")
         if self.max_reruns < 0:
             raise ValueError(f"max_reruns must be >= 0, got {self.max_reruns}")
 

@@ -33,7 +33,7 @@ What the executor does, on one thread of its own (every change of state happens 
   left to the env holding it; with no node able to take a runner within `start_timeout_s`,
   start-up fails with `RayPlacementError`, saying node by node what is missing.
 - **Membership.** A runner whose node left the cluster, whose actor died, or which did not get
-  ready in `start_timeout_s` is dropped (its actor killed) and its node rested (30 s, doubling
+  ready in `start_timeout_s` is dropped (its actor killed) and its node rested (`retry_s`, doubling
   to 10 min) before the next try; a node that joins gets a runner at the next poll.
 - **Dispatch.** An episode goes to the live runner with the fewest episodes in flight (ties:
   round-robin), at most `max_episodes_per_node` at once; it waits in a queue while no runner
@@ -83,7 +83,7 @@ ACTOR_NAMESPACE = "harness-gym"
 LOCAL_INIT_DEFAULTS: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
 CLOSE_TIMEOUT_S = 30.0
 SILENCE_GRACE_S = 15.0  # beyond poll_s: a loaded node answers its long poll late, not never
-NODE_REST_S = (30.0, 600.0)  # a node whose runner failed waits this long, doubling up to the max
+MAX_NODE_REST_S = 600.0  # a node whose runners keep failing waits at most this long
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ class RayEpisodeExecutor:
         self._deadline_s = cluster.deadline_s(config)
         self._silence_s = cluster.poll_s + SILENCE_GRACE_S
         self._demand = runner_demand(cluster.actor_options)
-        self._connected = _connect(ray, cluster)
+        self._connection = _connect(ray, cluster)
         self._remote = ray.remote(NodeRunner)
         self._id = uuid.uuid4().hex[:8]
         self._runners: dict[str, _Runner] = {}  # node id -> its runner
@@ -214,9 +214,9 @@ class RayEpisodeExecutor:
             log.warning("closing the node runners: %s", exc)
         for runner in runners:
             self._kill(runner)
-        if self._connected:
-            self._connected = False
-            _disconnect(ray)
+        if self._connection is not None:
+            generation, self._connection = self._connection, None
+            _disconnect(ray, generation)
 
     # --- what users and tests may look at ------------------------------------------------
 
@@ -430,8 +430,8 @@ class RayEpisodeExecutor:
         log.warning("dropping node runner %s on node %s: %s", runner.name, node[:12], why)
         if failed:
             self._failures[node] = why
-        rest = self._rest.get(node, (0.0, NODE_REST_S[0]))[1]
-        self._rest[node] = (now + rest, min(2 * rest, NODE_REST_S[1]))
+        rest = self._rest.get(node, (0.0, self.cluster.retry_s))[1]
+        self._rest[node] = (now + rest, min(2 * rest, MAX_NODE_REST_S))
         self._kill(runner)
         episodes, runner.episodes = list(runner.episodes.values()), {}
         for episode in episodes:
@@ -498,31 +498,37 @@ class RayEpisodeExecutor:
 
 
 # Ray allows one connection per process. Executors that found none open one and share it; the
-# last of them to close shuts it down (a connection the caller opened is the caller's).
+# last of them to close shuts it down (a connection the caller opened is the caller's). The
+# generation tells a connection someone else shut down meanwhile from the current one.
 _connection_lock = threading.Lock()
+_connection_generation = 0
 _connection_users = 0
 
 
-def _connect(ray: Any, cluster: RayCluster) -> bool:
-    """Connect to the cluster unless the caller did; whether we count as a user of ours."""
-    global _connection_users
+def _connect(ray: Any, cluster: RayCluster) -> int | None:
+    """Connect to the cluster unless the caller did: the generation of the connection this
+    executor shares, or None when it is the caller's."""
+    global _connection_generation, _connection_users
     with _connection_lock:
         if ray.is_initialized():
             if _connection_users == 0:
-                return False
+                return None
         else:
             kwargs = dict(cluster.init_kwargs)
             if cluster.address is None:
                 kwargs = {**LOCAL_INIT_DEFAULTS, **kwargs}
             ray.init(address=cluster.address, **kwargs)
+            _connection_generation += 1
             _connection_users = 0
         _connection_users += 1
-        return True
+        return _connection_generation
 
 
-def _disconnect(ray: Any) -> None:
+def _disconnect(ray: Any, generation: int) -> None:
     global _connection_users
     with _connection_lock:
+        if generation != _connection_generation:
+            return  # shut down by someone else; a newer connection is not ours to count
         _connection_users -= 1
         if _connection_users == 0:
             ray.shutdown()
