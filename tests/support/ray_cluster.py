@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # Ray's default is 30% of RAM per node
+START_ATTEMPTS = 3
 
 
 def free_ports(n: int) -> list[int]:
@@ -92,9 +94,17 @@ class LocalRayCluster:
             argv.append("--labels=" + ",".join(f"{k}={v}" for k, v in node.labels.items()))
         node.tmp.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "TMPDIR": str(node.tmp)}
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
-        if done.returncode != 0:
-            raise RuntimeError(f"ray start failed for {node.name}:\n{done.stdout}\n{done.stderr}")
+        for attempt in range(START_ATTEMPTS):
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+            if done.returncode == 0:
+                break
+            # Ray gives a node 30 s (fixed) to register with the GCS; on a loaded machine a
+            # node may miss that: remove what it started and start it again.
+            self.signal(node, signal.SIGKILL)
+            shutil.rmtree(node.temp_dir, ignore_errors=True)
+            if "timed out during startup" not in done.stderr or attempt + 1 == START_ATTEMPTS:
+                raise RuntimeError(
+                    f"ray start failed for {node.name}:\n{done.stdout}\n{done.stderr}")
         node.node_id = self._node_id(node)
         self.nodes.append(node)
         return node
