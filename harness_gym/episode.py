@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from .engines import Engine, load_engine
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
 from .proxy.errors import ProxyError
+from .proxy.sessions import ProxySession
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
@@ -203,7 +205,10 @@ class EpisodeRunner:
         *,
         sampling: dict[str, Any] | None = None,
         policy_version: int | None = None,
+        on_session: Callable[[ProxySession], None] | None = None,
     ) -> EpisodeResult:
+        """One episode. `on_session` sees the proxy session as soon as it opens (a Ray node
+        runner reports from it whether the episode has made a model call yet)."""
         started = time.monotonic()
         config, engine = self.config, self.proxy.engine
         sandbox = session = None
@@ -216,6 +221,8 @@ class EpisodeRunner:
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
             session = self.proxy.open_session(policy_version, sampling, config.context_overflow)
+            if on_session is not None:
+                on_session(session)
             endpoint = Endpoint.for_model(
                 sandbox.proxy_url(self.proxy.url), session.session_id, engine.model_name,
                 engine.max_context, self._output_cap(session.sampling),
@@ -317,7 +324,9 @@ class EpisodeStack:
             self.close()
             raise
 
-    def run(self, request: EpisodeRequest) -> EpisodeResult:
+    def run(
+        self, request: EpisodeRequest, on_session: Callable[[ProxySession], None] | None = None
+    ) -> EpisodeResult:
         """Run one episode; a harness this stack has no runner for is an `infra_error`."""
         runner = self.runners.get(request.harness)
         if runner is None:
@@ -325,7 +334,7 @@ class EpisodeStack:
                                            f"no runner for harness {request.harness!r} here")
         self.engine.on_episode_start(request.task)
         return runner.run(request.task, sampling=request.sampling,
-                          policy_version=request.policy_version)
+                          policy_version=request.policy_version, on_session=on_session)
 
     def close(self) -> None:
         """Release everything the stack started. Idempotent."""
