@@ -184,7 +184,7 @@ def test_only_agent_segments_with_sampled_tokens_are_trained_unless_auxiliary_is
 # --- weights into the in-process engine ---------------------------------------------------
 
 
-def test_a_generation_running_at_pause_ends_on_the_old_weights_and_a_waiting_call_starts_on_the_new():
+def test_a_call_running_at_pause_ends_on_the_old_weights_and_a_waiting_one_starts_on_the_new():
     engine, reference = load_engine("tiny"), load_engine("tiny")  # reference keeps the old weights
     try:
         transfer = EngineWeightTransfer(engine, drain_timeout_s=120)
@@ -376,9 +376,10 @@ class TRLWireTransfer:
     def send_weights(self, iterator) -> None:
         tensors = list(iterator)
         self.client.start_weight_update()
-        self.client.update_weights({"names": [n for n, _ in tensors],
-                                    "dtype_names": [str(t.dtype).split(".")[-1] for _, t in tensors],
-                                    "shapes": [list(t.shape) for _, t in tensors]})
+        self.client.update_weights({
+            "names": [n for n, _ in tensors],
+            "dtype_names": [str(t.dtype).split(".")[-1] for _, t in tensors],
+            "shapes": [list(t.shape) for _, t in tensors]})
         self.client.finish_weight_update()
 
     def resume(self) -> None:
@@ -456,7 +457,8 @@ def pi_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         loop.train()
     finally:
         served.engine.close()
-    return {"loop": loop, "worker": worker, "transfer": served, "wall_s": time.monotonic() - started}
+    return {"loop": loop, "worker": worker, "transfer": served,
+            "wall_s": time.monotonic() - started}
 
 
 @pytest.mark.slow

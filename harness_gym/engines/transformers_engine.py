@@ -27,7 +27,7 @@ from .base import (
     SamplingParams,
     TokenChunk,
 )
-from .weight_updates import LabelledStream, WeightUpdateError, copy_named_weights
+from .weight_updates import LabelledStream, ServedVersion, WeightUpdateError, copy_named_weights
 
 
 class TransformersEngine(Engine):
@@ -138,10 +138,11 @@ class TransformersEngine(Engine):
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt))
         self._worker.check_open()
-        return LabelledStream(lambda label: self._stream(prompt, sampling, label))
+        label = ServedVersion()
+        return LabelledStream(self._stream(prompt, sampling, label), label)
 
     async def _stream(
-        self, prompt: list[int], sampling: SamplingParams, label: LabelledStream
+        self, prompt: list[int], sampling: SamplingParams, label: ServedVersion
     ) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
@@ -151,7 +152,7 @@ class TransformersEngine(Engine):
             stop_token_ids=frozenset(self.stop_token_ids).union(sampling.stop_token_ids),
             generator=_generator(sampling.seed),
             deliver=lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
-            on_admit=lambda: setattr(label, "policy_version", self.weights_version),
+            on_admit=lambda: setattr(label, "value", self.weights_version),
         )
         self._worker.submit(request)
         try:

@@ -14,7 +14,7 @@ inside one answer while its logprobs claim one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import torch
@@ -27,14 +27,32 @@ class WeightUpdateError(EngineError):
     while it was serving."""
 
 
+class ServedVersion:
+    """Where a stream's serving version is written (by the decode thread) and read."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+
 class LabelledStream:
     """An engine stream that reports the version of the weights it was served with, set when
     its generation is admitted (None while waiting, or when the engine's weights have no
-    version: the caller's label applies then)."""
+    version: the caller's label applies then).
 
-    def __init__(self, make: Callable[[LabelledStream], AsyncIterator[TokenChunk]]) -> None:
-        self.policy_version: int | None = None
-        self._inner = make(self)
+    The generator and this wrapper share a `ServedVersion` and do not refer to each other: a
+    stream abandoned mid-way (`break` out of `async for`) must be freed at once, so the event
+    loop closes the generator and the engine stops generating for it.
+    """
+
+    def __init__(self, inner: AsyncIterator[TokenChunk], label: ServedVersion) -> None:
+        self._inner = inner
+        self._label = label
+
+    @property
+    def policy_version(self) -> int | None:
+        return self._label.value
 
     def __aiter__(self) -> LabelledStream:
         return self

@@ -105,7 +105,9 @@ class VLLMWeightTransfer:
         self.version = int(start_version)
 
     @classmethod
-    def nccl(cls, engine: Any, model: Any, *, weight_sync_timeout: int = 1800) -> VLLMWeightTransfer:
+    def nccl(
+        cls, engine: Any, model: Any, *, weight_sync_timeout: int = 1800
+    ) -> VLLMWeightTransfer:
         from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
         from trl.experimental.async_grpo.vllm_client import VLLMClient
         from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
