@@ -547,3 +547,60 @@ def test_a_truncated_pi_episode_yields_one_sample_per_segment_token_for_token(ti
         assert sample.model_version == segment["policy_version"]
         assert sample.group_id == samples[0].group_id and sample.advantage == samples[0].advantage
     assert dataclasses.fields(samples[0])  # a TRL RolloutSample
+
+
+@pytest.mark.slow
+def test_the_worker_runs_its_groups_on_the_ray_executor():
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    pytest.importorskip("ray", reason="executor='ray' needs Ray")
+    from harness_gym.config import EpisodeConfig
+    from harness_gym.ray_executor import RayEpisodeExecutor
+
+    # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
+    # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
+    config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
+    executor = RayEpisodeExecutor(config, max_episodes_per_node=2, init_kwargs={
+        "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
+    groups: list[tuple[list[EpisodeResult], list[Any]]] = []
+    worker = HarnessRolloutWorker(
+        "builtin", group_size=2, groups_in_flight=1, executor=executor, config=config,
+        on_group=lambda results, samples: groups.append((results, samples)))
+    try:
+        worker.start()
+        first = worker.rollout_buffer.get(timeout=300)
+        worker.check_health(300)
+    finally:
+        worker.stop()
+        executor.close()
+    results, samples = groups[0]
+    assert [r.outcome for r in results] == ["passed", "passed"]
+    assert first is samples[0] and {s.group_id for s in samples} == {0}
+    assert [s.advantage for s in samples] == [0.0] * len(samples)  # equal rewards, no signal
+    segments = [seg for r in results for seg in r.trace.to_dicts()
+                if seg["role"] == "agent" and any(seg["loss_mask"])]
+    assert [s.input_ids.tolist() for s in samples] == [
+        seg["prompt_ids"] + seg["response_ids"] for seg in segments]
+    metrics = worker.metrics_queue.get_nowait()
+    assert metrics["rollout/pass_rate"] == (2.0, 2.0)
+
+
+@pytest.mark.slow
+def test_a_capped_worker_starts_no_more_groups_until_the_trainer_moves_on():
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    worker = HarnessRolloutWorker("builtin", group_size=1, groups_in_flight=3, harness="pi",
+                                  engine="oracle:noop", max_groups_per_version=1)
+    worker.update_model_version(1)
+    worker.start()
+    try:
+        first = worker.rollout_buffer.get(timeout=120)
+        time.sleep(2.0)  # room for a second group, were the cap not honoured
+        assert [e["version"] for e in worker.events if e["kind"] == "group_start"] == [1]
+        worker.update_model_version(2)  # the trainer stepped: one more group, on version 2
+        worker.rollout_buffer.get(timeout=120)
+        worker.check_health(120)
+    finally:
+        worker.stop()
+    starts = [e["version"] for e in worker.events if e["kind"] == "group_start"]
+    assert starts == [1, 2] and first.group_id == 0

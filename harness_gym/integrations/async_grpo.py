@@ -69,10 +69,16 @@ class HarnessRolloutWorker:
     """TRL's `RolloutWorkerProtocol` over harness episodes (see the module docstring).
 
     `executor` is an `EpisodeExecutor` (the caller's; not closed here) or a name ("threads",
-    "ray"), built from `config` at `start()` with room for every episode in flight.
+    "ray"), built from `config` at `start()` with room for every episode in flight. Ray ships
+    the engine to its actors as a spec string, so there the weights reach the episodes through
+    a `vllm:` engine and `VLLMWeightTransfer`; `EngineWeightTransfer` updates an in-process
+    engine, which only the thread executor serves from.
     `reward_fn(results)` may replace a group's rewards (default: each episode's test-gated
     reward). `on_group(results, samples)` sees each finished group before its samples are
-    queued (to record traces, say). `events` logs every group start and end with the trainer's
+    queued (to record traces, say). `max_groups_per_version` caps the groups started while the
+    trainer is at one version (None: no cap); `per_device_train_batch_size // group_size` makes
+    the synchronous schedule (each step's rollouts start after the previous step, on its
+    weights), the control `benchmarks/async_vs_sync.py` runs on the same loop. `events` logs every group start and end with the trainer's
     version at the time.
 
         >>> worker = HarnessRolloutWorker("builtin", group_size=2, engine="oracle",
@@ -96,11 +102,14 @@ class HarnessRolloutWorker:
         reward_fn: Callable[[Sequence[EpisodeResult]], Sequence[float]] | None = None,
         on_group: Callable[[list[EpisodeResult], list[Any]], None] | None = None,
         queue_maxsize: int = 1024,
+        max_groups_per_version: int | None = None,
         seed: int = 0,
         **settings: Any,
     ) -> None:
         if group_size < 1 or groups_in_flight < 1:
             raise ValueError("group_size and groups_in_flight must be positive")
+        if max_groups_per_version is not None and max_groups_per_version < 1:
+            raise ValueError("max_groups_per_version must be positive (or None: no cap)")
         given = {"progress": False} if config is None else {}
         given.update(settings)
         self.config = EpisodeConfig.build(config, **given)
@@ -110,6 +119,7 @@ class HarnessRolloutWorker:
         self.train_auxiliary = train_auxiliary
         self.reward_fn = reward_fn
         self.on_group = on_group
+        self.max_groups_per_version = max_groups_per_version
         self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=4096)
         self.model_version = 0
@@ -119,6 +129,7 @@ class HarnessRolloutWorker:
         self._executor: EpisodeExecutor | None = None
         self._rng = np.random.default_rng(seed)
         self._next_group = 0
+        self._started_per_version: Counter[int] = Counter()
         self._running: list[_Group] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -169,10 +180,13 @@ class HarnessRolloutWorker:
         try:
             while not self._stop.is_set():
                 self._heartbeat = time.time()
-                while len(self._running) < self.groups_in_flight and not self._stop.is_set():
+                while self._may_start():
                     self._start_group()
                 futures = [f for group in self._running for f in group.futures]
-                wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
+                if futures:
+                    wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
+                else:  # capped: nothing runs until the trainer's next version
+                    self._stop.wait(0.1)
                 for group in [g for g in self._running if all(f.done() for f in g.futures)]:
                     self._running.remove(group)
                     if not self._stop.is_set():
@@ -181,11 +195,17 @@ class HarnessRolloutWorker:
             self._error = exc
             log.exception("the rollout worker failed")
 
+    def _may_start(self) -> bool:
+        cap = self.max_groups_per_version
+        return (len(self._running) < self.groups_in_flight and not self._stop.is_set()
+                and (cap is None or self._started_per_version[self.model_version] < cap))
+
     def _start_group(self) -> None:
         assert self._executor is not None
         task = self.tasks[int(self._rng.integers(len(self.tasks)))]
         group = _Group(self._next_group, task, self.model_version)
         self._next_group += 1
+        self._started_per_version[group.version] += 1
         harnesses = self.config.harness
         sampling = dict(self.config.sampling)
         for i in range(self.group_size):
