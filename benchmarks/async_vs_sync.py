@@ -24,7 +24,8 @@ Where the work runs (`--cores`, each mode runs both paths):
   leaves each side idle while the other works; async keeps both busy.
 - shared: both on both cores. Here the optimiser step and the rollouts each saturate the two
   cores on their own, so overlapping them cannot shorten anything: async only moves the CPU
-  from one to the other (measured: ~0.9-1x).
+  from one to the other (measured under load: 0.87x of the lockstep control, 0.39-1.21x of
+  sync in three runs).
 
 Reported per path, over the steady state (from the end of step 1 to the end of the last step,
 so engine, proxy and CLI start-up are left out): optimiser steps per hour and the optimiser's
