@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import os
@@ -510,15 +511,19 @@ def test_a_truncated_pi_episode_yields_one_sample_per_segment_token_for_token(ti
     if shutil.which("npm") is None:
         pytest.skip("Pi installs with npm")
 
+    calls = itertools.count()
+
     def script(prompt_text: str) -> str:  # long tool results until the context overflows
-        done = prompt_text.count("<tool_response>")
-        if done >= 4:
+        done = next(calls)  # counted here: a truncated prompt no longer shows them all
+        if done >= 6:
             return "All done."
-        call = {"name": "bash", "arguments": {"command": "seq 1 300"}}
+        call = {"name": "bash", "arguments": {"command": "seq 1 500"}}
         return f"Listing {done}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
     engine = ScriptedEngine(tiny, script, model_name="tiny", tokenizer_source="tiny")
-    engine.max_context = 6000  # Pi's first prompt is ~2.1k tiny tokens, each listing ~1.5k
+    # Pi's own floor (its spec's min_context); its first prompt is ~2.1k tiny tokens, each
+    # listing ~2.5k, so six of them overflow it.
+    engine.max_context = 8192
     groups: list[tuple[list[EpisodeResult], list[Any]]] = []
     worker = HarnessRolloutWorker(
         "builtin", group_size=1, groups_in_flight=1, harness="pi", engine=engine,
