@@ -47,6 +47,9 @@ class DecodeRequest:
     stop_token_ids: frozenset[int]
     generator: torch.Generator
     deliver: Deliver
+    # Called on the worker thread when the request is admitted, before its first forward (the
+    # weights it will be served with are fixed from then on: see `DecodeWorker.pause`).
+    on_admit: Callable[[], object] | None = None
     # Written by the consumer's thread, read by the worker; a bool store is atomic under the GIL.
     cancelled: bool = False
     cache: Any = None
@@ -85,6 +88,7 @@ class DecodeWorker:
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._active: list[DecodeRequest] = []
         self._closed = False
+        self._paused = False
         self._failure: BaseException | None = None
         self.tokens_generated = 0
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
@@ -95,6 +99,11 @@ class DecodeWorker:
     @property
     def active_requests(self) -> int:
         return len(self._active) + len(self._incoming)
+
+    @property
+    def running_requests(self) -> int:
+        """Admitted requests still generating (not those a pause holds back)."""
+        return len(self._active)
 
     def check_open(self) -> None:
         if self._failure is not None:
@@ -120,6 +129,22 @@ class DecodeWorker:
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> Future[list[float]]:
         return self.call(lambda: self._score(prompt_ids, completion_ids))
 
+    def pause(self) -> None:
+        """Admit no new request; the admitted ones run to their end. New requests wait, and
+        `call`s still run, so weights can be swapped between calls, never mid-generation."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no admitted request is running (with `pause`: drained); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed or not self._active, timeout)
+
     def close(self, timeout: float | None = None) -> None:
         """Stop after the current step; open streams end with finish_reason "abort"."""
         with self._cond:
@@ -143,13 +168,20 @@ class DecodeWorker:
 
     def _serve_round(self) -> bool:
         with self._cond:
-            while not (self._closed or self._incoming or self._calls or self._active):
+            while not (self._closed or self._calls or self._active
+                       or (self._incoming and not self._paused)):
                 self._cond.wait()
             if self._closed:
                 return False
-            self._active.extend(self._incoming)
-            self._incoming.clear()
+            admitted: list[DecodeRequest] = []
+            if not self._paused:
+                # Under the lock, so a `pause` + `wait_idle` that follows sees them running.
+                admitted, self._incoming = self._incoming, []
+                self._active.extend(admitted)
             calls, self._calls = self._calls, []
+        for request in admitted:
+            if request.on_admit is not None:
+                request.on_admit()
         for fn, future in calls:
             if future.set_running_or_notify_cancel():
                 try:
@@ -159,6 +191,9 @@ class DecodeWorker:
         for request in list(self._active):
             if request.cancelled or self._step_or_fail(request):
                 self._active.remove(request)
+        if not self._active:
+            with self._cond:
+                self._cond.notify_all()  # for wait_idle
         return True
 
     def _shutdown(self) -> None:

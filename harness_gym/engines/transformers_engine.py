@@ -27,6 +27,7 @@ from .base import (
     SamplingParams,
     TokenChunk,
 )
+from .weight_updates import LabelledStream, ServedVersion, WeightUpdateError, copy_named_weights
 
 
 class TransformersEngine(Engine):
@@ -70,6 +71,9 @@ class TransformersEngine(Engine):
         self._worker = DecodeWorker(
             model, max_context=self.max_context, name=model_name, num_threads=num_threads
         )
+        # The version of the loaded weights, once `load_weights` has named one (see
+        # `weight_updates`); each stream reports it as its `policy_version`.
+        self.weights_version: int | None = None
 
     @classmethod
     def from_pretrained(
@@ -134,10 +138,11 @@ class TransformersEngine(Engine):
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt))
         self._worker.check_open()
-        return self._stream(prompt, sampling)
+        label = ServedVersion()
+        return LabelledStream(self._stream(prompt, sampling, label), label)
 
     async def _stream(
-        self, prompt: list[int], sampling: SamplingParams
+        self, prompt: list[int], sampling: SamplingParams, label: ServedVersion
     ) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
@@ -147,6 +152,7 @@ class TransformersEngine(Engine):
             stop_token_ids=frozenset(self.stop_token_ids).union(sampling.stop_token_ids),
             generator=_generator(sampling.seed),
             deliver=lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
+            on_admit=lambda: setattr(label, "value", self.weights_version),
         )
         self._worker.submit(request)
         try:
@@ -178,6 +184,34 @@ class TransformersEngine(Engine):
         if len(prompt) + len(completion) > self.max_context:
             raise ContextLengthExceeded(len(prompt) + len(completion), self.max_context)
         return self._worker.score(prompt, completion)
+
+    # -- weight updates (see `weight_updates`) --------------------------------------------------
+
+    def pause(self, timeout: float | None = None) -> None:
+        """Start no new generation and wait for the running ones to end (blocking). Calls made
+        meanwhile wait and start after `resume()`. Raises `EngineError` (resumed) on timeout."""
+        self._worker.pause()
+        if not self._worker.wait_idle(timeout):
+            self._worker.resume()
+            raise EngineError(f"the engine was still generating {timeout}s after pause()")
+
+    def resume(self) -> None:
+        self._worker.resume()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Copy `(name, tensor)` pairs into the model between `pause()` and `resume()`, on the
+        decode thread, and label them `version` (also the engine's `policy_version`). Answers
+        how many tensors were copied. Blocks."""
+        received = list(weights)  # on the caller's thread: the iterator may gather shards
+
+        def load() -> int:
+            if self._worker.running_requests:
+                raise WeightUpdateError("load_weights while generations run: pause() first")
+            n = copy_named_weights(self.model, received)
+            self.weights_version = self.policy_version = int(version)
+            return n
+
+        return self._worker.call(load).result()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the worker thread (blocking). Open streams end with finish_reason "abort"."""

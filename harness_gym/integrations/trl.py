@@ -34,6 +34,8 @@ segment with the most sampled tokens (`loss_mask` 1); the other segments are lef
 loss (`n_segments` says how many there were). A rollout with no agent segment (the CLI failed
 before its first call, an infra error) becomes a one-token placeholder with `env_mask` 0, so it
 still has its reward (for the group's baseline) and adds nothing to the gradient.
+That limit is `GRPOTrainer`'s contract (one row per prompt); the asynchronous path
+(`integrations/async_grpo.py`, one sample per segment) has none.
 
 Where the policy runs:
 
