@@ -34,7 +34,7 @@ import torch
 
 from ._sampling import sample_token
 from .base import EngineError, SamplingParams, TokenChunk
-from .prefix_cache import DEFAULT_MAX_BYTES, PrefixKVCache
+from .prefix_cache import DEFAULT_MAX_BYTES, PrefixKVCache, cache_kwarg
 
 T = TypeVar("T")
 Deliver = Callable[[TokenChunk | BaseException], object]
@@ -91,10 +91,8 @@ class DecodeWorker:
         self._max_context = max_context
         self._device = model.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        # transformers 5.x renamed `past_key_values` to `cache`; accept models of either age.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_kwarg = cache_kwarg(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._cond = threading.Condition()
         self._incoming: list[DecodeRequest] = []
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []

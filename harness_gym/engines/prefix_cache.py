@@ -27,6 +27,7 @@ torch's counters: code that updates weights that way must call `clear()`.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["DEFAULT_MAX_BYTES", "PrefixKVCache", "weights_fingerprint"]
+__all__ = ["DEFAULT_MAX_BYTES", "PrefixKVCache", "cache_kwarg", "weights_fingerprint"]
 
 #: Default budget: ~23k tokens of SmolLM2-135M (46 KB of float32 keys and values per token).
 DEFAULT_MAX_BYTES = 1 << 30
@@ -44,6 +45,12 @@ DEFAULT_MAX_BYTES = 1 << 30
 def weights_fingerprint(model: Any) -> int:
     """A number that changes whenever a parameter is modified in place (see the module doc)."""
     return sum(p._version for p in model.parameters())
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name `model.forward` takes a KV cache under: transformers 5.x renamed
+    `past_key_values` to `cache`; models of either age are accepted."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass(eq=False)
