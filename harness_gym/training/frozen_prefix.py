@@ -81,6 +81,10 @@ class FrozenPrefixScorer:
         if not 1 <= start < len(ids):
             raise ValueError(f"start must be in [1, {len(ids)}) for a row of {len(ids)} tokens, "
                              f"got {start}: position 0 has nothing before it to be scored on")
+        if getattr(self.model, "is_gradient_checkpointing", False) and self.model.training:
+            # transformers turns the KV cache off under checkpointing: the prefix would be lost
+            raise ValueError("the frozen prefix needs the KV cache, which gradient checkpointing "
+                             "disables: train with activation_checkpointing=False")
         device = self.model.get_input_embeddings().weight.device
         frozen = start - 1
         kv, reused = self.cache.restore(ids[: frozen + 1])  # at most `frozen` tokens

@@ -1,0 +1,90 @@
+"""A learning curve's results file as a plot and a table: pass@1 and tool calls per checkpoint,
+and the GRPO reward over steps (used by benchmarks/learning_curve.py and
+notebooks/learning_curve.ipynb)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHECKPOINTS", "load_results", "plot_learning_curve", "results_table"]
+
+CHECKPOINTS = ("base", "sft", "grpo")
+LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO"}
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def _evals(results: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    evals = results["stages"].get("eval", {})
+    return [(name, evals[name]) for name in CHECKPOINTS if name in evals]
+
+
+def results_table(results: Mapping[str, Any]) -> str:
+    """A Markdown table: one row per checkpoint."""
+    lines = ["| checkpoint | pass@1 (95% CI) | solved / scored | tool calls on solved (95% CI) "
+             "| outcomes |", "|---|---|---|---|---|"]
+    for name, s in _evals(results):
+        low, high = s["pass_at_1_ci"]
+        tools = "n/a"
+        if s["tool_calls_solved"] is not None:
+            tl, th = s["tool_calls_solved_ci"]
+            tools = f"{s['tool_calls_solved']:.2f} ({tl:.2f}-{th:.2f})"
+        outcomes = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if v)
+        lines.append(f"| {LABELS[name]} | {s['pass_at_1']:.0%} ({low:.0%}-{high:.0%}) | "
+                     f"{s['n_passed']} / {s['n_scored']} | {tools} | {outcomes} |")
+    return "\n".join(lines)
+
+
+def plot_learning_curve(results: Mapping[str, Any], path: str | Path | None = None) -> Any:
+    """The figure (matplotlib): pass@1 with Wilson intervals, mean tool calls on solved instances
+    with bootstrap intervals, and the GRPO reward per step. Saved as PNG when `path` is given."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    evals = _evals(results)
+    names = [LABELS[n] for n, _ in evals]
+    fig, (ax_pass, ax_tools, ax_reward) = plt.subplots(1, 3, figsize=(14, 4.2))
+
+    rates = [s["pass_at_1"] for _, s in evals]
+    below = [r - s["pass_at_1_ci"][0] for r, (_, s) in zip(rates, evals, strict=True)]
+    above = [s["pass_at_1_ci"][1] - r for r, (_, s) in zip(rates, evals, strict=True)]
+    ax_pass.errorbar(names, rates, yerr=[below, above], fmt="o-", capsize=5)
+    ax_pass.set_ylim(0, 1)
+    ax_pass.set_title("held-out pass@1 (95% Wilson CI)")
+
+    solved = [(LABELS[n], s) for n, s in evals if s["tool_calls_solved"] is not None]
+    if solved:
+        means = [s["tool_calls_solved"] for _, s in solved]
+        ax_tools.errorbar([n for n, _ in solved], means, capsize=5, fmt="o-",
+                          yerr=[[m - s["tool_calls_solved_ci"][0] for m, (_, s) in
+                                 zip(means, solved, strict=True)],
+                                [s["tool_calls_solved_ci"][1] - m for m, (_, s) in
+                                 zip(means, solved, strict=True)]])
+    else:
+        ax_tools.text(0.5, 0.5, "no solved instances", ha="center", transform=ax_tools.transAxes)
+    ax_tools.set_title("tool calls on solved (95% bootstrap CI)")
+
+    steps = results["stages"].get("grpo", {}).get("steps", [])
+    if steps:
+        x = [s["step"] for s in steps]
+        ax_reward.plot(x, [s["reward_mean"] for s in steps], "o-", label="mean reward")
+        ax_reward.plot(x, [s["pass_rate"] for s in steps], "s--", label="pass rate", alpha=0.7)
+        ax_reward.legend()
+    ax_reward.set_ylim(-0.05, 1.05)
+    ax_reward.set_xlabel("GRPO step")
+    ax_reward.set_title("GRPO rollouts (train tasks)")
+
+    model = results.get("config", {}).get("policy", "?")
+    fig.suptitle(f"harness-gym learning curve: {model} through Pi ({results.get('mode', '?')})")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
