@@ -16,6 +16,7 @@ instances with a bootstrap interval, outcome counts.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,8 @@ from ..config import EpisodeConfig
 from ..rewards import OUTCOMES
 from ..tasks.task import Task
 
-__all__ = ["bootstrap_interval", "run_tasks", "summarize", "wilson_interval"]
+__all__ = ["EPISODE_FIELDS", "bootstrap_interval", "recorded_episodes", "run_tasks", "summarize",
+           "wilson_interval"]
 
 #: Outcomes that say nothing about the policy (the grader or sandbox failed): left out of pass@1.
 UNSCORED = ("infra_error",)
@@ -91,11 +93,16 @@ def run_tasks(
     out_dir: str | Path,
     num_envs: int = 1,
     progress: bool = True,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
     """Each task once through the env described by `config` (its engine, harness, sandbox,
     sampling), `num_envs` episodes at a time; every episode recorded by `RecordTraces` under
-    `out_dir` (JSON Lines). Returns one dict per episode: the info fields a summary needs
-    (`task_id`, `outcome`, `reward`, `n_tool_calls`, `n_llm_calls`, `duration_s`, `error`)."""
+    `out_dir` (JSON Lines). Returns one dict per episode, in task order: the info fields a
+    summary needs (`EPISODE_FIELDS`).
+
+    With `resume`, episodes already recorded under `out_dir` (by an earlier call that was cut
+    short) count as done and only the other tasks run, so a killed run loses at most the
+    `num_envs` episodes it had in flight."""
     import gymnasium as gym
     from tqdm import tqdm
 
@@ -103,13 +110,15 @@ def run_tasks(
 
     from ..wrappers import RecordTraces
 
-    episodes: list[dict[str, Any]] = []
     tasks = list(tasks)
-    bar = tqdm(total=len(tasks), desc="episodes", unit="ep", disable=not progress)
+    done = {e["task_id"]: e for e in recorded_episodes(out_dir)} if resume else {}
+    todo = [t for t in tasks if t.instance_id not in done]
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="episodes", unit="ep",
+               disable=not progress)
     envs: dict[int, Any] = {}
     try:
-        for start in range(0, len(tasks), num_envs):
-            chunk = tasks[start:start + num_envs]
+        for start in range(0, len(todo), num_envs):
+            chunk = todo[start:start + num_envs]
             if len(chunk) not in envs:  # a shorter last chunk gets its own env
                 vec = gym.make_vec("HarnessSWE-v0", num_envs=len(chunk),
                                    vectorization_mode="vector_entry_point", tasks=tasks,
@@ -119,19 +128,49 @@ def run_tasks(
             env.reset(options={"task_ids": [t.instance_id for t in chunk]})
             _, rewards, _, _, infos = env.step(None)
             for i in range(len(chunk)):
-                episodes.append({
+                done[str(infos["task_id"][i])] = {
                     "task_id": str(infos["task_id"][i]), "outcome": str(infos["outcome"][i]),
                     "reward": float(rewards[i]), "n_tool_calls": int(infos["n_tool_calls"][i]),
                     "n_llm_calls": int(infos["n_llm_calls"][i]),
                     "duration_s": float(infos["duration_s"][i]),
                     "error": _text(infos, "error", i),
-                })
+                }
             bar.update(len(chunk))
-            bar.set_postfix_str(summary_line(episodes))
+            bar.set_postfix_str(summary_line(list(done.values())))
     finally:
         bar.close()
         for env in envs.values():
             env.close()
+    return [done[t.instance_id] for t in tasks if t.instance_id in done]
+
+
+#: The fields of an episode `run_tasks` returns (RecordTraces rows carry them under these names).
+EPISODE_FIELDS = ("task_id", "outcome", "reward", "n_tool_calls", "n_llm_calls", "duration_s",
+                  "error")
+
+
+def recorded_episodes(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The episodes RecordTraces JSON Lines files under `out_dir` hold (`EPISODE_FIELDS` of each).
+
+    A process killed while writing leaves at most a torn last line: it is cut off the file (that
+    row's episode runs again), so the directory stays readable by `harness_gym.sft`."""
+    episodes: list[dict[str, Any]] = []
+    directory = Path(out_dir)
+    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
+        data = path.read_bytes()
+        whole = 0  # bytes of complete rows
+        for line in data.splitlines(keepends=True):
+            try:
+                row = json.loads(line) if line.endswith(b"\n") else None
+            except ValueError:
+                row = None
+            if row is None:
+                break  # a torn write: the last thing the killed process did
+            episodes.append({k: row.get(k) for k in EPISODE_FIELDS})
+            whole += len(line)
+        if whole < len(data):
+            with path.open("r+b") as f:
+                f.truncate(whole)
     return episodes
 
 

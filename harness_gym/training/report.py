@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINTS", "load_results", "plot_learning_curve", "results_table"]
+__all__ = ["CHECKPOINTS", "README_BEGIN", "README_END", "load_results", "plot_learning_curve",
+           "readme_block", "replace_readme_block", "results_table"]
 
 CHECKPOINTS = ("base", "sft", "grpo")
 LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO"}
@@ -88,3 +89,50 @@ def plot_learning_curve(results: Mapping[str, Any], path: str | Path | None = No
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+README_BEGIN = "<!-- learning-curve:begin "
+README_END = "<!-- learning-curve:end -->"
+_MODES = {
+    "full": "the full run",
+    "calibrate": "the calibration run (SmolLM2, a handful of each unit: NOT the full run)",
+    "quick": "the quick run (the tiny random model: proves the stages run, learns nothing)",
+}
+
+
+def readme_block(results: Mapping[str, Any], name: str) -> str:
+    """The README's learning-curve block for the results file `name` (in benchmarks/results):
+    which run it is, its plot, its table and the targets as measured. Generated, never edited
+    by hand, so the README cannot drift from the committed figures (a test compares them)."""
+    config, evals = results["config"], results["stages"].get("eval", {})
+    sizes = (f"{config['n_demo_tasks']} demonstration tasks, "
+             f"{config['grpo_steps']} GRPO step(s) of {config['grpo_groups_per_step']} group(s) "
+             f"of {config['grpo_group_size']}, {next(iter(evals.values()))['n_episodes'] if evals else 0} "
+             "held-out instances")
+    lines = [
+        f"{README_BEGIN}{name} -->",
+        f"From `benchmarks/results/{name}`: {_MODES.get(results['mode'], results['mode'])}; "
+        f"policy `{config['policy']}`, {sizes}.",
+        "",
+        f"![learning curve](benchmarks/results/{Path(name).with_suffix('.png').name})",
+        "",
+        results_table(results),
+    ]
+    targets = results.get("targets") or {}
+    if targets:
+        lines += ["", "Targets as measured: " + ", ".join(
+            f"`{k}` = {v:.3g}" if isinstance(v, float) else f"`{k}` = {v}"
+            for k, v in targets.items()) + "."]
+    plan = results.get("plan") or {}
+    if plan.get("expected_s"):
+        hours = plan["expected_s"]["total"] / 3600
+        lines += ["", f"Planned full run (from the calibration's per-unit times): {hours:.1f} h."]
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def replace_readme_block(readme: str, block: str) -> str:
+    """`readme` with its learning-curve block replaced by `block`."""
+    begin = readme.index(README_BEGIN)
+    end = readme.index(README_END, begin) + len(README_END)
+    return readme[:begin] + block + readme[end:]
