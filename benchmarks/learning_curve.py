@@ -95,7 +95,7 @@ PRESETS: dict[str, CurveConfig] = {
     # SFT row ~15 s, so held-out instances and GRPO steps are what the budget cuts.
     "full": CurveConfig(
         mode="full", policy="smollm2", teacher="teacher:smollm2", n_demo_tasks=100,
-        n_heldout=24, concurrent_episodes=4, max_tokens=128, episode_timeout_s=420,
+        n_heldout=20, concurrent_episodes=4, max_tokens=128, episode_timeout_s=420,
         sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
         grpo_steps=4, grpo_group_size=4, grpo_groups_per_step=2, grpo_learning_rate=1e-5,
         grpo_temperature=0.8, tool_penalty=0.05),
@@ -151,6 +151,8 @@ class Pipeline:
             raise SystemExit(f"{self.workdir} holds no run to report on")
         self.check_workdir()
         (self.workdir / "run.pid").write_text(f"{os.getpid()}\n")
+        if stages:
+            preload()
         for stage in stages:
             if self.done(stage) is not None:
                 log(f"{stage}: done earlier, skipped")
@@ -381,8 +383,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
         "demo_episode_s": demos["wall_s"] / demos["summary"]["n_episodes"],
         "demo_pass_rate": demo_pass,
         "sft_rows_per_passing_demo": sft_rows_per_pass,
-        # the first step also computes the shared system prompt and allocates AdamW's state
-        "sft_row_s": median(st["sft"]["step_s"][1:] or st["sft"]["step_s"]) / cal.sft_grad_accum,
+        "sft_row_s": sft_row_s(st["sft"], cal),
         "grpo_episode_s": sum(s["rollout_s"] for s in grpo) / grpo_episodes,
         "grpo_row_train_s": sum(s["train_s"] or 0 for s in grpo) / grpo_episodes,
         "eval_episode_s": {name: e["wall_s"] / e["n_episodes"]
@@ -407,6 +408,16 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
                       "sft_epochs": c.sft_epochs, "grpo_steps": c.grpo_steps,
                       "grpo_episodes": grpo_episodes_full, "heldout": c.n_heldout},
             "expected_s": expected, "budget_s": 3 * 3600}
+
+
+def sft_row_s(sft: dict[str, Any], config: CurveConfig) -> float:
+    """One SFT row's forward+backward (+ its share of the optimizer step): the median step,
+    leaving out the first (it also computes the shared system prompt and allocates AdamW's
+    state); a resumed stage that timed no step is costed by its wall time."""
+    steps = sft["step_s"][1:] or sft["step_s"]
+    if steps:
+        return median(steps) / config.sft_grad_accum
+    return sft["wall_s"] / (sft["rows"] * config.sft_epochs)
 
 
 def targets(evals: dict[str, Any]) -> dict[str, Any]:
@@ -525,6 +536,20 @@ class StepTimer:
         return _Timer()
 
 
+def preload() -> None:
+    """Import now every module a later stage needs: a run lasts hours, and a checkout that
+    changes under it (a rebase, a pull) must not hand a late stage newer code than the early ones
+    ran with."""
+    import harness_gym.engines.smollm2
+    import harness_gym.engines.teacher
+    import harness_gym.engines.tiny
+    import harness_gym.integrations.trl
+    import harness_gym.sft
+    import harness_gym.training.evaluation
+    import harness_gym.training.report
+    import harness_gym.training.trainers  # noqa: F401
+
+
 def cpu_seconds() -> float:
     """CPU time of this process (all its threads) and of its finished children (the CLIs, the
     graders): on a shared machine it tracks the work done far better than wall time."""
@@ -563,6 +588,22 @@ def parse_overrides(pairs: list[str], config: CurveConfig) -> CurveConfig:
     return dataclasses.replace(config, **changes)
 
 
+def detach(args: list[str], workdir: Path) -> int:
+    """Start this script again with `args` in a new session (it outlives the shell that started
+    it), its output appended to `WORKDIR.log`."""
+    import subprocess
+
+    log_path = workdir.with_name(workdir.name + ".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *args, "--no-progress"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=REPO)
+    print(f"pid {child.pid}, log {log_path}, workdir {workdir}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick preset (tiny model)")
@@ -582,19 +623,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for training (default: torch's, all cores); the "
                              "engine's decode thread takes its own (all cores but one)")
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background in its own session, output appended to "
+                             "WORKDIR.log; prints the process id and the log's path")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    preset = "quick" if args.quick else args.preset or "full"
+    workdir = args.workdir or Path.home() / ".cache" / "harness-gym" / "learning-curve" / preset
+    if args.detach:
+        return detach([a for a in (argv if argv is not None else sys.argv[1:])
+                       if a != "--detach"], workdir)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    preset = "quick" if args.quick else args.preset or "full"
     config = parse_overrides(args.set, PRESETS[preset])
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
-    workdir = args.workdir or Path.home() / ".cache" / "harness-gym" / "learning-curve" / preset
     pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress)
     results = pipeline.run([] if args.report_only else stages)
     if args.readme:

@@ -31,6 +31,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import learning_curve  # noqa: E402  (the script, for its plan and journal)
 
 
+def quick_test(fn):
+    """The tests on the quick run: a real CLI and real training, minutes on a loaded machine."""
+    return pytest.mark.slow(pytest.mark.timeout(1800)(fn))
+
+
 def run_curve(*args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), *args, "--no-progress"],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -44,13 +49,16 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work, results = root / "work", root / "results"
     done = run_curve("--quick", "--workdir", str(work), "--results", str(results))
     assert done.returncode == 0, done.stderr[-4000:]
-    return {"work": work, "results": results, "log": done.stderr}
+    return {"work": work, "results": results, "log": done.stderr,
+            # as the first run wrote it (the resume tests rewrite the file)
+            "first_results": json.loads((results / "learning_curve_quick.json").read_text())}
 
 
 def metrics(quick: dict[str, Path], stage: str) -> dict:
     return json.loads((quick["work"] / stage / "metrics.json").read_text())
 
 
+@quick_test
 def test_the_demonstrations_are_teacher_episodes_through_pi_recorded_as_traces(quick):
     demos = metrics(quick, "demos")
     assert demos["summary"]["n_episodes"] == 4
@@ -60,6 +68,7 @@ def test_the_demonstrations_are_teacher_episodes_through_pi_recorded_as_traces(q
     assert len(rows) == 4 and all(row["harness"] == "pi" and row["trace"] for row in rows)
 
 
+@quick_test
 def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
     sft = metrics(quick, "sft")
     assert sft["rows"] >= 1 and sft["optimizer_steps"] >= 1
@@ -72,6 +81,7 @@ def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
     assert (quick["work"] / "sft" / "model" / "tokenizer.json").exists()
 
 
+@quick_test
 def test_grpo_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(quick):
     grpo = metrics(quick, "grpo")
     (step,) = grpo["steps"]
@@ -84,6 +94,7 @@ def test_grpo_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(q
     assert (quick["work"] / "grpo" / "model" / "model.safetensors").exists()
 
 
+@quick_test
 @pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo"])
 def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
     evaluation = metrics(quick, f"eval-{checkpoint}")
@@ -96,6 +107,7 @@ def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
     assert all("heldout" in task_id for task_id in heldout)
 
 
+@quick_test
 def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(quick):
     results = json.loads((quick["results"] / "learning_curve_quick.json").read_text())
     assert results["mode"] == "quick" and results["config"]["policy"] == "tiny"
@@ -106,6 +118,7 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
     assert png.startswith(b"\x89PNG")
 
 
+@quick_test
 def test_a_second_run_resumes_and_redoes_nothing(quick):
     stamps = {s: (quick["work"] / s / "metrics.json").stat().st_mtime_ns for s in STAGES}
     again = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
@@ -116,6 +129,7 @@ def test_a_second_run_resumes_and_redoes_nothing(quick):
                       for s in STAGES}
 
 
+@quick_test
 def test_a_run_cut_inside_its_stages_resumes_from_their_episodes_and_checkpoints(quick):
     """What a kill leaves (episodes recorded, trainer checkpoints, GRPO groups journaled, no
     stage marked done) is taken up again, not redone."""
@@ -148,8 +162,9 @@ def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):
     assert recorded_episodes(tmp_path / "missing") == []
 
 
+@quick_test
 def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
-    results = json.loads((quick["results"] / "learning_curve_quick.json").read_text())
+    results = quick["first_results"]
     full = learning_curve.PRESETS["full"]
     plan = learning_curve.plan(full, results)
     expected = plan["expected_s"]
@@ -161,6 +176,7 @@ def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
                                               * full.grpo_group_size)
 
 
+@quick_test
 def test_a_workdir_refuses_a_run_with_another_configuration(quick):
     other = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
                       str(quick["results"]), "--set", "n_heldout=3", timeout=300)

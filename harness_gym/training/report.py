@@ -125,8 +125,16 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
             for k, v in targets.items()) + "."]
     plan = results.get("plan") or {}
     if plan.get("expected_s"):
-        hours = plan["expected_s"]["total"] / 3600
-        lines += ["", f"Planned full run (from the calibration's per-unit times): {hours:.1f} h."]
+        u, z, hours = plan["units"], plan["sizes"], plan["expected_s"]["total"] / 3600
+        evals = u["eval_episode_s"].values()
+        lines += ["", f"The full run's plan, from the calibration's per-unit wall times (episodes up "
+                  f"to 4 at a time): demo episode {u['demo_episode_s']:.0f} s, SFT row "
+                  f"{u['sft_row_s']:.0f} s, GRPO episode {u['grpo_episode_s']:.0f} s + "
+                  f"{u['grpo_row_train_s']:.0f} s of training, held-out episode "
+                  f"{min(evals):.0f}-{max(evals):.0f} s; {z['demo_tasks']} demos, "
+                  f"{z['sft_epochs']:g} SFT epochs, {z['grpo_steps']} GRPO steps of "
+                  f"{z['grpo_episodes'] // max(1, z['grpo_steps'])} episodes, {z['heldout']} "
+                  f"held-out instances per checkpoint: {hours:.1f} h expected."]
     lines.append(README_END)
     return "\n".join(lines)
 
