@@ -151,7 +151,7 @@ class Pipeline:
             raise SystemExit(f"{self.workdir} holds no run to report on")
         self.check_workdir()
         (self.workdir / "run.pid").write_text(f"{os.getpid()}\n")
-        if stages:
+        if any(self.done(stage) is None for stage in stages):
             preload()
         for stage in stages:
             if self.done(stage) is not None:

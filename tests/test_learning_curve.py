@@ -122,7 +122,7 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
 def test_a_second_run_resumes_and_redoes_nothing(quick):
     stamps = {s: (quick["work"] / s / "metrics.json").stat().st_mtime_ns for s in STAGES}
     again = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
-                      str(quick["results"]), timeout=300)
+                      str(quick["results"]), timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stderr.count("done earlier, skipped") == len(STAGES)
     assert stamps == {s: (quick["work"] / s / "metrics.json").stat().st_mtime_ns
@@ -179,7 +179,7 @@ def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
 @quick_test
 def test_a_workdir_refuses_a_run_with_another_configuration(quick):
     other = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
-                      str(quick["results"]), "--set", "n_heldout=3", timeout=300)
+                      str(quick["results"]), "--set", "n_heldout=3", timeout=900)
     assert other.returncode != 0 and "differs in n_heldout" in other.stderr
 
 
