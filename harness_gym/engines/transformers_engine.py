@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ._decode_worker import DecodeRequest, DecodeWorker
+from .prefix_cache import DEFAULT_MAX_BYTES
 from .base import (
     NO_CONTEXT,
     ContextLengthExceeded,
@@ -40,6 +41,12 @@ class TransformersEngine(Engine):
     `num_threads` is the worker's CPU threads (default: all cores but one, so the event loop and
     the harness processes keep a core; see `_decode_worker` for the measurements).
 
+    Prompts reuse the keys and values of the longest prefix an earlier request computed
+    (`prefix_cache_bytes` bounds them; 0 turns it off; see `prefix_cache`): an agent's next call
+    runs only its new tokens, and episodes share their system prompt's. Entries computed under
+    other weights are never reused; `clear_prefix_cache()` is only needed after writes through
+    `param.data`, which torch does not track.
+
     >>> import asyncio
     >>> from harness_gym.engines import SamplingParams, load_engine
     >>> engine = load_engine("tiny")
@@ -61,6 +68,7 @@ class TransformersEngine(Engine):
         stop_token_ids: Iterable[int] = (),
         num_threads: int | None = None,
         tokenizer_source: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.model = model.eval()
         self._tokenizer = tokenizer
@@ -69,7 +77,8 @@ class TransformersEngine(Engine):
         self.max_context = int(max_context or _config_max_context(model.config))
         self.stop_token_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
         self._worker = DecodeWorker(
-            model, max_context=self.max_context, name=model_name, num_threads=num_threads
+            model, max_context=self.max_context, name=model_name, num_threads=num_threads,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         # The version of the loaded weights, once `load_weights` has named one (see
         # `weight_updates`); each stream reports it as its `policy_version`.
@@ -86,6 +95,7 @@ class TransformersEngine(Engine):
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
         tokenizer_source: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> TransformersEngine:
         """Load a local model directory (never the network). Stop tokens: the generation
         config's and tokenizer's EOS, plus `<|im_end|>` when the vocabulary has it."""
@@ -109,6 +119,7 @@ class TransformersEngine(Engine):
             stop_token_ids=default_stop_token_ids(model, tokenizer),
             num_threads=num_threads,
             tokenizer_source=tokenizer_source or str(directory),
+            prefix_cache_bytes=prefix_cache_bytes,
         )
 
     @property
@@ -124,6 +135,16 @@ class TransformersEngine(Engine):
     def tokens_generated(self) -> int:
         """Tokens sampled since the engine started, all streams together."""
         return self._worker.tokens_generated
+
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Prompts started (`lookups`), those that reused a cached prefix (`hits`), prompt tokens
+        reused (`reused_tokens`) and run through the model (`computed_tokens`)."""
+        return self._worker.prefix_cache.stats.as_dict()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prefix (after the next round of the worker)."""
+        self._worker.call(self._worker.prefix_cache.clear).result()
 
     def stream(
         self,

@@ -157,6 +157,12 @@ class HarnessRolloutFunc:
         self._callback_added: set[int] = set()
         self.last_infos: dict[str, Any] | None = None  # the latest step's batched infos
 
+    @property
+    def engine(self) -> Engine | None:
+        """The in-process engine serving the rollouts (its `prefix_cache_stats`, ...), once the
+        first call built it; None with an engine spec."""
+        return self._engine
+
     # --- the rollout ----------------------------------------------------------------------
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
