@@ -1,9 +1,10 @@
 """Anthropic Messages: request -> canonical, the model's events -> message JSON or SSE events.
 
 Claude Code's quirks (harnesses/): a `role: "system"` message inside `messages`,
-`thinking` blocks echoed back (ours carry a signature the bridge checks: `reasoning`), `cache_control` on every other block, `context_management`,
-`output_config` and beta headers; it always streams, and it compacts its history only when a
-400 says `prompt is too long: N tokens > M maximum`.
+`thinking` blocks echoed back (ours carry a signature the bridge checks: `reasoning`),
+`cache_control` on every other block, `context_management`, `output_config` and beta headers;
+it always streams, and it compacts its history only when a 400 says
+`prompt is too long: N tokens > M maximum`.
 
 Tool results become canonical `tool` messages, one per `tool_result` block and in order; text
 blocks sent beside them follow as one user message. The answer's tool ids are `toolu_...`; the

@@ -11,8 +11,9 @@ What the bridge does with an echoed turn of ours (`echo_status`, `PromptBridge._
 
 - echoed unchanged (same text; a signature, where given, that verifies): the turn is ours, its
   sampled ids (reasoning included) are reused verbatim, whatever the template would render;
-- not echoed at all (most chat CLIs drop `reasoning_content`; Qwen3's own template drops earlier
-  reasoning): still ours, ids reused the same way; counted as `missing` in the call's record;
+- not echoed at all (a CLI that keeps no reasoning; Qwen3's own template drops earlier
+  reasoning too): still ours, ids reused the same way; counted as `missing` in the call's
+  record;
 - echoed altered (other text, a signature that does not verify, a redacted block): the history
   is not what the model produced, so no prompt extends through that turn: the call forks a new
   segment rendered from the history as sent (or branches from a turn of ours before it), and
