@@ -32,6 +32,7 @@ from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
 from .errors import ProxyError
 from .events import CallEvent, CallFinished, CallProgress, KeepAlive
+from .reasoning import ThinkSplitter
 from .rendering import PromptTooLong
 from .sessions import SESSION_CLOSED_DURING_CALL, ProxySession
 from .settings import ProxySettings
@@ -71,7 +72,11 @@ class PreparedCall:
     async def events(self) -> AsyncIterator[CallEvent]:
         self._consumed = True
         text = AnswerText(self.engine.tokenizer, self.request.sampling.stop)
-        answer = ParsedAnswer(make_tool_call_parser(self.engine.tool_call_format))
+        thinking = self.session.reasoning_format
+        answer = ParsedAnswer(
+            make_tool_call_parser(self.engine.tool_call_format),
+            None if thinking is None else ThinkSplitter(thinking, self.session.signer.sign),
+        )
         try:
             self._report(finished=False)  # before the prefill ends: the call has started
             async for ping in keepalives_until(self._first, self._keepalive_s):

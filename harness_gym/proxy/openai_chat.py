@@ -2,7 +2,8 @@
 
 The real CLIs' quirks (harnesses/): user content as a list of text parts (Pi),
 `content: null` or `""` on tool-call turns (Pi, OpenCode), tool results as JSON strings
-(Hermes), `developer` as a synonym of `system`.
+(Hermes), `developer` as a synonym of `system`. A thinking policy's reasoning goes out as
+`reasoning_content` (vLLM's and DeepSeek's field) and is read back from it or `reasoning`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ from .canonical import (
     AssistantTurn,
     ChatRequest,
     Message,
+    ReasoningPart,
     SamplingRequest,
     ToolCall,
     ToolSpec,
 )
 from .errors import ProxyError, invalid
-from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
+from .events import (
+    AnswerEvent,
+    CallFinished,
+    ReasoningDelta,
+    ReasoningDone,
+    TextDelta,
+    ToolCallDone,
+)
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -89,16 +98,29 @@ def _parse_message(raw: Any, param: str) -> Message:
         )
     content = _parse_content(raw.get("content"), f"{param}.content")
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: tuple[ReasoningPart, ...] = ()
     if role == "assistant":
         raw_calls = field(raw, "tool_calls", list, f"{param}.tool_calls", default=[])
         tool_calls = tuple(
             _parse_tool_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(raw_calls)
         )
+        reasoning = _parse_reasoning(raw, param)
     tool_call_id = None
     if role == "tool":
         tool_call_id = field(raw, "tool_call_id", str, f"{param}.tool_call_id", required=True)
     name = field(raw, "name", str, f"{param}.name")
-    return Message(role, content, tool_calls, tool_call_id, name if role != "assistant" else None)
+    return Message(role, content, tool_calls, tool_call_id, name if role != "assistant" else None,
+                   reasoning)
+
+
+def _parse_reasoning(raw: dict[str, Any], param: str) -> tuple[ReasoningPart, ...]:
+    """An assistant turn's echoed reasoning: `reasoning_content` (what we send; vLLM, DeepSeek)
+    or `reasoning` (newer vLLM). Unsigned: chat has no place for a signature."""
+    for key in ("reasoning_content", "reasoning"):
+        text = field(raw, key, str, f"{param}.{key}")
+        if text is not None:
+            return (ReasoningPart(text),)
+    return ()
 
 
 def _parse_content(raw: Any, param: str) -> str:
@@ -189,6 +211,8 @@ def chat_completion(
     call_id: str, model: str, turn: AssistantTurn, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
     if turn.tool_calls:
         message["tool_calls"] = [_tool_call_json(c) for c in turn.tool_calls]
     elif not turn.content:
@@ -250,6 +274,10 @@ class ChatWriter:
         return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
 
     def feed(self, event: AnswerEvent) -> bytes:
+        if isinstance(event, ReasoningDelta):
+            return self._delta({"reasoning_content": event.text})
+        if isinstance(event, ReasoningDone):
+            return b""  # chat has no signature to send
         if isinstance(event, TextDelta):
             return self._delta({"content": event.text})
         if isinstance(event, ToolCallDone):
