@@ -33,7 +33,7 @@ routes, with the field names, shapes, status codes and error wordings of the vLL
   `return_token_ids`), `token_ids` (with `return_token_ids`), `weight_versions` (spans, on the
   last chunk with `return_weight_versions`); no `usage` key unless `stream_options.include_usage`
   (then a last chunk with `choices: []`). `return_tokens_as_token_ids` writes logprobs tokens as
-  "token_id:N". A paused engine (abort/wait) answers a stream with 200 and an error event 503.
+  "token_id:N" (`token_ids_in_logprobs=False` ignores it, as servers without the flag do). A paused engine (abort/wait) answers a stream with 200 and an error event 503.
 - Dev mode (`dev_mode=True`, vLLM's `VLLM_SERVER_DEV_MODE=1`; entrypoints/rl/online/
   api_router.py): `/pause?mode=abort|wait|keep`, `/resume`, `/is_paused`,
   `/start_weight_update`, `/update_weights`, `/finish_weight_update` (optional
@@ -116,11 +116,13 @@ class VLLMWireServer:
         generation_config: dict[str, Any] | None = None,
         dev_mode: bool = False,
         eos_token_id: int | None = None,
+        token_ids_in_logprobs: bool = True,
     ) -> None:
         self.engine = engine
         self.model = model
         self.max_model_len = max_model_len or engine.max_context
         self.logprobs_mode = logprobs_mode
+        self.token_ids_in_logprobs = token_ids_in_logprobs
         self.generation_config = dict(generation_config or {})
         # The model's EOS ends every generation (vLLM adds it to each request's stops).
         self.eos_token_id = engine.tokenizer.eos_token_id if eos_token_id is None else eos_token_id
@@ -272,7 +274,7 @@ class VLLMWireServer:
         body, effective = record.body, record.effective
         tokenizer = self.engine.tokenizer
         want_ids = bool(body.get("return_token_ids"))
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        as_ids = bool(body.get("return_tokens_as_token_ids")) and self.token_ids_in_logprobs
         want_logprobs = body.get("logprobs") is not None
         stops = tuple(body.get("stop_token_ids") or ())
         sampling = SamplingParams(
