@@ -238,6 +238,21 @@ def test_streamed_token_ids_and_logprobs_are_exactly_what_the_server_sent(fresh,
         assert echoed[0] == body["prompt"] and echoed[1:] == [None] * (len(echoed) - 1)
 
 
+@pytest.mark.parametrize("ids_from", ["logprobs", "echo"])
+def test_the_calls_of_a_session_reuse_one_connection(fresh, engines, ids_from):
+    # A stream closed before its `[DONE]` was read takes its connection with it: every call
+    # then paid for a new TCP connection.
+    a, _ = fresh
+    engine = engines([a.url], tokenizer="tiny", ids_from=ids_from)
+
+    async def episode():
+        for turn in range(3):
+            await collect(engine, prompt(engine, f"turn {turn}"), "session", max_tokens=4)
+
+    asyncio.run(episode())
+    assert len(a.calls) == 3 and len({call.peer for call in a.calls}) == 1
+
+
 def test_both_ways_of_reading_ids_record_the_same_tokens(fresh, engines):
     a, _ = fresh
     no_echo = engines([a.url], tokenizer="tiny")

@@ -81,6 +81,7 @@ class ServedRequest:
     """One `/v1/completions` request and what the server sent back for it."""
 
     body: dict[str, Any]
+    peer: int | None = None  # the client's port: one per TCP connection
     status: int = 200
     error: str | None = None  # the error message, when one was sent
     effective: dict[str, Any] = field(default_factory=dict)  # sampling vLLM would use
@@ -206,7 +207,7 @@ class VLLMWireServer:
 
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
-        record = ServedRequest(body)
+        record = ServedRequest(body, peer=request.client.port if request.client else None)
         self.served.append(record)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
