@@ -29,7 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS_DIR = Path(os.environ.get("PEERS_DIR", ROOT.parent / "shared" / "bench" / "peers"))
+# `../shared/bench/peers` beside the checkout (one level further up from a git worktree).
+PEERS_DIR = Path(os.environ.get("PEERS_DIR") or (next(
+    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()),
+    ROOT.parent / "shared") / "bench" / "peers"))
 
 
 def run_side_by_side(reps: int, conc_reps: int, out_dir: Path) -> str:
