@@ -215,6 +215,8 @@ class VLLMEngine(Engine):
         sampling: SamplingParams,
         context: RequestContext = NO_CONTEXT,
     ) -> VLLMStream:
+        if not isinstance(prompt_ids, list):  # e.g. a numpy array: compared id by id below
+            prompt_ids = list(prompt_ids)
         if not prompt_ids:
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt_ids))
