@@ -185,7 +185,9 @@ def test_streamed_and_plain_answers_with_the_same_seed_carry_the_same_tokens(tin
             texts.append([b.model_dump(exclude={"citations"}) for b in answer.content])
             traces.append(session.trace_json()["segments"][0])
     assert traces[0]["response_ids"] == traces[1]["response_ids"] == traces[2]["response_ids"]
-    assert traces[0]["response_logprobs"] == traces[1]["response_logprobs"]
+    # Equal to float rounding: the later calls reuse the engine's prefix KV cache.
+    assert traces[0]["response_logprobs"] == pytest.approx(
+        traces[1]["response_logprobs"], abs=1e-5)
     assert texts[0] == texts[1] == texts[2]
     assert answer.stop_reason == "max_tokens"
 

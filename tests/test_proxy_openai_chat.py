@@ -148,7 +148,9 @@ def test_streamed_and_plain_answers_with_the_same_seed_carry_the_same_tokens(tin
             ask(client, [SYSTEM, {"role": "user", "content": "hi"}], stream, seed=7)
             traces.append(session.trace_json()["segments"][0])
     assert traces[0]["response_ids"] == traces[1]["response_ids"]
-    assert traces[0]["response_logprobs"] == traces[1]["response_logprobs"]
+    # Equal to float rounding: the later calls reuse the engine's prefix KV cache.
+    assert traces[0]["response_logprobs"] == pytest.approx(
+        traces[1]["response_logprobs"], abs=1e-5)
 
 
 def test_changing_an_earlier_message_starts_a_second_segment(tiny):

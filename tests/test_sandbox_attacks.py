@@ -168,7 +168,9 @@ def test_a_process_the_agent_leaves_running_cannot_change_the_verdict(
     info = run_episode(ScriptedEngine(tiny, shell_script([command])), backend, task)
     assert info["patch"] == ""  # the agent is credited with no change at all
     if backend_name != "bwrap":  # under bwrap it died with Pi's pid namespace already
-        assert backend.alive_at_kill == [1]  # it outlived the harness, waiting for the grader
+        # It outlived the harness, waiting for the grader (a fork of its loop, caught before it
+        # execs `cmp` or `sleep`, carries the same command line: one or more).
+        assert len(backend.alive_at_kill) == 1 and backend.alive_at_kill[0] >= 1
     assert info["outcome"] == "failed", (info["outcome"], info["error"], info["grade"])
     assert all(info["tests"].get(t) != "PASSED" for t in task.FAIL_TO_PASS)
     assert alive(token) == []
