@@ -52,9 +52,12 @@ SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
     "sampling_top_k": "list[int?]",  # 0: no top-k
     "sampling_max_tokens": "list[int?]",  # the cap the engine sampled under
     "sampling_seed": "list[int?]",  # None also when no seed was set
+    # Of the mask-0 tokens just before the call's sampled ones, how many the proxy forced into
+    # the answer to obey `tool_choice` (a tool-call prefix); 0: none.
+    "forced_tokens": "list[int?]",
 }
 _PER_CALL = ("call_starts", "sampling_temperature", "sampling_top_p", "sampling_top_k",
-             "sampling_max_tokens", "sampling_seed")
+             "sampling_max_tokens", "sampling_seed", "forced_tokens")
 
 _EMPTY: dict[SegmentFieldType, Any] = {
     "str": "", "bool": False, "int": 0, "int?": None,
@@ -104,6 +107,7 @@ class TraceSegment:
     policy_versions: list[int] = field(default_factory=list)  # one per call, in order
     sampling: list[CallSampling | None] = field(default_factory=list)  # one per call
     call_starts: list[int] = field(default_factory=list)  # one per call: response offset
+    forced_tokens: list[int] = field(default_factory=list)  # one per call (tool_choice)
     incomplete: bool = False  # generation was aborted (client gone, engine failed)
     parent: int | None = None  # index of the segment whose tokens this one's prompt copies
 
@@ -126,10 +130,13 @@ class TraceSegment:
         sampled_logprobs: Sequence[float],
         policy_version: int,
         sampling: CallSampling | None = None,
+        forced: int = 0,
     ) -> None:
+        """`inserted_ids` end with the `forced` tokens the proxy wrote into the answer."""
         if len(sampled_ids) != len(sampled_logprobs):
             raise ValueError("every sampled token needs exactly one logprob")
         self.call_starts.append(len(self.tokens) - self.prompt_len)
+        self.forced_tokens.append(forced)
         self.sampling.append(sampling)
         self.tokens.extend(inserted_ids)
         self.loss_mask.extend([0] * len(inserted_ids))
@@ -151,6 +158,7 @@ class TraceSegment:
         del self.policy_versions[n_calls:]
         del self.sampling[n_calls:]
         del self.call_starts[n_calls:]
+        del self.forced_tokens[n_calls:]
 
     def to_dict(self) -> dict[str, Any]:
         """The exported segment: `SEGMENT_SCHEMA`'s fields, plain lists."""
@@ -166,6 +174,7 @@ class TraceSegment:
             "incomplete": self.incomplete,
             "parent": self.parent,
             "call_starts": self._per_call(self.call_starts),
+            "forced_tokens": self._per_call(self.forced_tokens),
             **{f"sampling_{name}": [getattr(s, name) if s is not None else None
                                     for s in self._per_call(self.sampling)]
                for name in ("temperature", "top_p", "top_k", "max_tokens", "seed")},

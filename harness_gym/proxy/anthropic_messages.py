@@ -19,6 +19,7 @@ import orjson
 
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
+from .tool_choice import anthropic_tool_choice
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .wire import field, number_in
 
@@ -41,7 +42,7 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
         for i, raw in enumerate(field(body, "tools", list, "tools", default=[]))
         if (spec := _parse_tool(raw, f"tools[{i}]")) is not None
     )
-    field(body, "tool_choice", dict, "tool_choice")  # validated; the policy chooses freely
+    tool_choice = anthropic_tool_choice(body.get("tool_choice"), [t.name for t in tools])
     field(body, "metadata", dict, "metadata")
     max_tokens = field(body, "max_tokens", int, "max_tokens", required=require_max_tokens)
     if max_tokens is not None and max_tokens < 1:
@@ -63,6 +64,7 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
         sampling=sampling,
         stream=field(body, "stream", bool, "stream", default=False),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=tool_choice,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Literal
 from ..engines.base import Completion
 from ..trace import CallRecord, CallSampling, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
+from .tool_choice import NO_STEERING, Steering
 from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
 
 
@@ -70,6 +71,10 @@ class PromptPlan:
     inserted_ids: tuple[int, ...] = ()  # tokens after parent.end; mask 0
     truncated_tool_results: int = 0
     sampling: CallSampling | None = None  # set once the call's sampling is settled; recorded
+    # The answer's first tokens, written by the proxy to obey `tool_choice` (`tool_choice`
+    # module): the engine sees them after the prompt; the trace records them with mask 0.
+    steering: Steering = NO_STEERING
+    forced_ids: tuple[int, ...] = ()
 
 
 class PromptBridge:
@@ -183,13 +188,15 @@ class PromptBridge:
                 raise TraceFrozen("the session ended before this call finished")
             kind, segment_index = self._place(plan)
             segment = self.trace.segments[segment_index]
-            prompt_end = len(segment.tokens) + len(plan.inserted_ids if kind == "extend" else ())
+            inserted = plan.inserted_ids if kind == "extend" else ()
+            prompt_end = len(segment.tokens) + len(inserted)
             segment.append_call(
-                plan.inserted_ids if kind == "extend" else (),
+                inserted + plan.forced_ids,
                 completion.token_ids,
                 completion.logprobs,
                 completion.policy_version,
                 plan.sampling,
+                forced=len(plan.forced_ids),
             )
             node = TurnNode(
                 segment=segment_index,
@@ -229,8 +236,9 @@ class PromptBridge:
             segment = TraceSegment(
                 "discarded", list(plan.prompt_ids), len(plan.prompt_ids), incomplete=True
             )
-            segment.append_call((), completion.token_ids, completion.logprobs,
-                                completion.policy_version, plan.sampling)
+            segment.append_call(plan.forced_ids, completion.token_ids, completion.logprobs,
+                                completion.policy_version, plan.sampling,
+                                forced=len(plan.forced_ids))
             self.trace.segments.append(segment)
             self.trace.calls.append(
                 CallRecord(
@@ -286,6 +294,7 @@ class PromptBridge:
             response_logprobs=segment.response_logprobs[node.prompt_end - segment.prompt_len :],
             policy_versions=segment.policy_versions[node.n_calls - 1 : node.n_calls],
             sampling=segment.sampling[node.n_calls - 1 : node.n_calls],
+            forced_tokens=segment.forced_tokens[node.n_calls - 1 : node.n_calls],
             call_starts=[0],
             parent=node.segment,
         )

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import orjson
 
 from .json_echo import echo_key
+from .tool_choice import AUTO, ToolChoice
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -121,6 +122,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     model: str = ""
+    tool_choice: ToolChoice = AUTO
 
     def tools_key(self) -> bytes:
         """Digest of the tool list: a different tool set is a different conversation."""

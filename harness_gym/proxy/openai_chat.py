@@ -23,6 +23,7 @@ from .canonical import (
     ToolSpec,
 )
 from .errors import ProxyError, invalid
+from .tool_choice import openai_tool_choice
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .wire import field, number_in
 
@@ -72,6 +73,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
             stream_options, "include_usage", bool, "stream_options.include_usage", default=False
         ),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=openai_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                       [t.name for t in tools]),
     )
 
 

@@ -17,6 +17,7 @@ import orjson
 
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
+from .tool_choice import ToolChoice, openai_tool_choice
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .openai_chat import error_body
 from .wire import field, number_in
@@ -63,6 +64,8 @@ def parse_responses_request(body: dict[str, Any]) -> ChatRequest:
         sampling=sampling,
         stream=field(body, "stream", bool, "stream", default=False),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=openai_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                       [t.name for t in tools]),
     )
 
 
@@ -158,6 +161,7 @@ class ResponseWriter:
         self.model = model
         self.created_at = int(time.time())
         self.sampling = request.sampling
+        self.tool_choice = request.tool_choice
         self.tools = [
             {"type": "function", "name": t.name, "description": t.description,
              "parameters": t.parameters, "strict": False}
@@ -192,10 +196,11 @@ class ResponseWriter:
             else None,
             "instructions": None, "metadata": {}, "model": self.model,
             "output": self.output if done is not None else [],
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": self.tool_choice.parallel,
             "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
             "max_output_tokens": self.sampling.max_tokens,
-            "tool_choice": "auto", "tools": self.tools, "usage": usage,
+            "tool_choice": _wire_tool_choice(self.tool_choice), "tools": self.tools,
+            "usage": usage,
         }
 
     def body(self) -> dict[str, Any]:
@@ -282,6 +287,12 @@ class ResponseWriter:
         return (self._event("error", code=body["code"], message=body["message"],
                             param=body["param"])
                 + self._event("response.failed", response=failed))
+
+
+def _wire_tool_choice(choice: ToolChoice) -> Any:
+    if choice.mode == "named":
+        return {"type": "function", "name": choice.name}
+    return choice.mode
 
 
 def _text_part(text: str) -> dict[str, Any]:
