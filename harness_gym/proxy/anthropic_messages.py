@@ -19,8 +19,9 @@ import orjson
 
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
-from .tool_choice import anthropic_tool_choice
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
+from .images import ImagePart, Part, parts_with_images, text_with_placeholders
+from .tool_choice import anthropic_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -81,7 +82,7 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
         return [Message("system", _text_of(content, f"{param}.content"))]
     if isinstance(content, str):
         return [Message(role, content)]
-    texts: list[str] = []
+    texts: list[Part] = []
     calls: list[ToolCall] = []
     results: list[Message] = []
     for j, block in enumerate(content):
@@ -105,26 +106,63 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
                 )
             )
         elif kind == "tool_result" and role == "user":
+            parts = _tool_result_parts(block.get("content") or "", f"{where}.content")
             results.append(
                 Message(
                     "tool",
-                    _text_of(block.get("content") or "", f"{where}.content"),
+                    text_with_placeholders(parts),
                     tool_call_id=field(block, "tool_use_id", str, f"{where}.tool_use_id",
                                        required=True),
+                    parts=parts_with_images(parts),
                 )
             )
             field(block, "is_error", bool, f"{where}.is_error")
-        elif kind in ("image", "document"):
-            raise invalid(f"{where}: '{kind}' blocks are not supported: this model takes text only",
-                          f"{where}.type")
+        elif kind in ("image", "document") and role == "user":
+            texts.append(_image_part(block, kind, where))
         else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} in a {role} "
                           "message", f"{where}.type")
+    text = text_with_placeholders(texts)
     if role == "assistant":
-        return [Message("assistant", "".join(texts), tuple(calls))]
+        return [Message("assistant", text, tuple(calls))]
+    user = Message("user", text, parts=parts_with_images(texts))
     if results:
-        return results + ([Message("user", "".join(texts))] if texts else [])
-    return [Message("user", "".join(texts))]
+        return results + ([user] if texts else [])
+    return [user]
+
+
+def _tool_result_parts(content: Any, param: str) -> list[Part]:
+    """A tool result's text and images (Claude Code's `Read` of a PNG is an image block)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise invalid(f"{param}: expected a string or an array of content blocks", param)
+    parts: list[Part] = []
+    for j, block in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(block, dict):
+            raise invalid(f"{where}: expected a content block object", where)
+        kind = field(block, "type", str, f"{where}.type", required=True)
+        if kind in ("image", "document"):
+            parts.append(_image_part(block, kind, where))
+        elif kind == "text":
+            parts.append(field(block, "text", str, f"{where}.text", required=True))
+        else:
+            raise invalid(f"{where}: '{kind}' blocks are not supported in a tool result",
+                          f"{where}.type")
+    return parts
+
+
+def _image_part(block: dict[str, Any], kind: str, where: str) -> ImagePart:
+    """An `image` or `document` block: `source` is base64 data, a URL, or (documents) text."""
+    source = field(block, "source", dict, f"{where}.source", required=True)
+    media_type = field(source, "media_type", str, f"{where}.source.media_type", default="")
+    if source.get("type") == "url":
+        return ImagePart(media_type, url=field(source, "url", str, f"{where}.source.url",
+                                                 required=True), kind=kind)
+    data = source.get("data")
+    return ImagePart(media_type, data if isinstance(data, str) else "", kind=kind)
+
 
 
 def _text_of(content: Any, param: str) -> str:

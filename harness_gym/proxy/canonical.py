@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
+from .images import Part, template_content
 from .json_echo import echo_key
 from .tool_choice import AUTO, ToolChoice
 
@@ -48,11 +49,16 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    # Set when the content held images: text and `ImagePart`s in order; `content` is then the
+    # text with a placeholder per image (what a text-only model reads; see `images`).
+    parts: tuple[Part, ...] = field(default=(), compare=False)
 
-    def template_dict(self) -> dict[str, Any]:
+    def template_dict(self, multimodal: bool = False) -> dict[str, Any]:
         """The message as Hugging Face chat templates expect it (OpenAI shape, arguments as
-        mappings so templates can `tojson` them)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        mappings so templates can `tojson` them); with `multimodal`, content holding images is a
+        list of text and image parts."""
+        content: Any = template_content(self.parts) if multimodal and self.parts else self.content
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [
                 {

@@ -24,6 +24,7 @@ from .canonical import (
 )
 from .errors import ProxyError, invalid
 from .tool_choice import openai_tool_choice
+from .images import Part, from_data_url, parts_with_images, text_with_placeholders
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .wire import field, number_in
 
@@ -90,7 +91,7 @@ def _parse_message(raw: Any, param: str) -> Message:
             "'system', 'developer', 'user', 'assistant' and 'tool'.",
             f"{param}.role",
         )
-    content = _parse_content(raw.get("content"), f"{param}.content")
+    parts = _parse_content(raw.get("content"), f"{param}.content")
     tool_calls: tuple[ToolCall, ...] = ()
     if role == "assistant":
         raw_calls = field(raw, "tool_calls", list, f"{param}.tool_calls", default=[])
@@ -101,19 +102,21 @@ def _parse_message(raw: Any, param: str) -> Message:
     if role == "tool":
         tool_call_id = field(raw, "tool_call_id", str, f"{param}.tool_call_id", required=True)
     name = field(raw, "name", str, f"{param}.name")
-    return Message(role, content, tool_calls, tool_call_id, name if role != "assistant" else None)
+    return Message(role, text_with_placeholders(parts), tool_calls, tool_call_id,
+                   name if role != "assistant" else None, parts_with_images(parts))
 
 
-def _parse_content(raw: Any, param: str) -> str:
+def _parse_content(raw: Any, param: str) -> list[Part]:
+    """Text parts, and `image_url` parts (kept as images; see `images`)."""
     if raw is None:
-        return ""
+        return []
     if isinstance(raw, str):
-        return raw
+        return [raw]
     if not isinstance(raw, list):
         raise invalid(
             f"Invalid type for '{param}': expected a string or an array of content parts.", param
         )
-    texts = []
+    texts: list[Part] = []
     for i, part in enumerate(raw):
         if isinstance(part, str):
             texts.append(part)
@@ -121,6 +124,12 @@ def _parse_content(raw: Any, param: str) -> str:
         if not isinstance(part, dict):
             raise invalid(f"Invalid type for '{param}[{i}]': expected an object.", f"{param}[{i}]")
         kind = part.get("type", "text")
+        if kind == "image_url":
+            image = field(part, "image_url", (dict, str), f"{param}[{i}].image_url", required=True)
+            url = image if isinstance(image, str) else field(
+                image, "url", str, f"{param}[{i}].image_url.url", required=True)
+            texts.append(from_data_url(url))
+            continue
         if kind not in ("text", "input_text", "output_text"):
             raise invalid(
                 f"Unsupported content part type '{kind}' in '{param}[{i}]': this model takes "
@@ -128,7 +137,7 @@ def _parse_content(raw: Any, param: str) -> str:
                 f"{param}[{i}].type",
             )
         texts.append(field(part, "text", str, f"{param}[{i}].text", required=True))
-    return "".join(texts)
+    return texts
 
 
 def _parse_tool_call(raw: Any, param: str) -> ToolCall:

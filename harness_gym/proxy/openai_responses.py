@@ -18,6 +18,7 @@ import orjson
 from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
 from .tool_choice import ToolChoice, openai_tool_choice
+from .images import ImagePart, Part, from_data_url, parts_with_images, text_with_placeholders
 from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .openai_chat import error_body
 from .wire import field, number_in
@@ -80,8 +81,9 @@ def _add_item(messages: list[Message], item: Any, param: str) -> None:
         if role not in ("system", "user", "assistant"):
             raise invalid(f"Invalid value for '{param}.role': '{role}'. Supported values are: "
                           "'user', 'assistant', 'system' and 'developer'.", f"{param}.role")
-        text = _content_text(item.get("content"), f"{param}.content")
-        messages.append(Message(role, text))
+        parts = _content_parts(item.get("content"), f"{param}.content")
+        messages.append(Message(role, text_with_placeholders(parts),
+                                parts=parts_with_images(parts)))
     elif kind == "function_call":
         arguments = field(item, "arguments", str, f"{param}.arguments", required=True)
         try:
@@ -99,9 +101,10 @@ def _add_item(messages: list[Message], item: Any, param: str) -> None:
             messages.append(Message("assistant", "", (call,)))
     elif kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else _content_text(output, f"{param}.output")
+        parts = [output] if isinstance(output, str) else _content_parts(output, f"{param}.output")
         call_id = field(item, "call_id", str, f"{param}.call_id", required=True)
-        messages.append(Message("tool", text, tool_call_id=call_id))
+        messages.append(Message("tool", text_with_placeholders(parts), tool_call_id=call_id,
+                                parts=parts_with_images(parts)))
     elif kind == "reasoning":
         return  # the policy's reasoning is not part of the prompt it is shown again
     else:
@@ -110,24 +113,45 @@ def _add_item(messages: list[Message], item: Any, param: str) -> None:
                       f"{param}.type")
 
 
-def _content_text(raw: Any, param: str) -> str:
+def _content_parts(raw: Any, param: str) -> list[Part]:
+    """Text parts, and `input_image` / `input_file` parts (kept as images; see `images`)."""
     if isinstance(raw, str):
-        return raw
+        return [raw]
     if not isinstance(raw, list):
         raise invalid(f"Invalid type for '{param}': expected a string or an array of content "
                       "parts.", param)
-    texts = []
+    texts: list[Part] = []
     for i, part in enumerate(raw):
         where = f"{param}[{i}]"
         if not isinstance(part, dict):
             raise invalid(f"Invalid type for '{where}': expected an object.", where)
         kind = field(part, "type", str, f"{where}.type", required=True)
+        if kind in ("input_image", "input_file"):
+            texts.append(_file_part(part, kind, where))
+            continue
         if kind not in ("input_text", "output_text", "text"):
             raise invalid(f"Unsupported content part type '{kind}' in '{where}': this model "
                           "takes text only.", f"{where}.type")
         texts.append(field(part, "text", str, f"{where}.text", required=True))
-    return "".join(texts)
+    return texts
 
+
+def _file_part(part: dict[str, Any], kind: str, where: str) -> ImagePart:
+    """`input_image` (`image_url`: a data or web URL, or a `file_id`) or `input_file`."""
+    if kind == "input_image":
+        url = field(part, "image_url", str, f"{where}.image_url")
+        if url:
+            return from_data_url(url)
+        return ImagePart("", url="file:" + field(part, "file_id", str, f"{where}.file_id",
+                                                 default=""))
+    data = field(part, "file_data", str, f"{where}.file_data", default="")
+    if data.startswith("data:"):
+        return from_data_url(data, kind="document")
+    if data:
+        return ImagePart("", data, kind="document")
+    url = field(part, "file_url", str, f"{where}.file_url", default="")
+    return ImagePart("", url=url or "file:" + field(part, "file_id", str, f"{where}.file_id",
+                                                     default=""), kind="document")
 
 def _parse_tool(raw: Any, param: str) -> ToolSpec | None:
     """A function tool, or None for hosted tools (web search, file search...), which a local

@@ -49,7 +49,12 @@ class TemplateNotIncremental(RuntimeError):
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, stop_token_ids: Sequence[int], *, multimodal: bool = False
+    ) -> None:
+        """`multimodal`: the template is given images as content parts (`images` module);
+        otherwise each image is its text placeholder."""
+        self.multimodal = multimodal
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the engine's tokenizer has no chat template")
         self.tokenizer = tokenizer
@@ -175,7 +180,7 @@ class PromptRenderer:
     ) -> list[int]:
         self._refuse_clearly_too_long(messages, budget)
         text = self.render_text(
-            [m.template_dict() for m in messages], [t.template_dict() for t in tools]
+            [m.template_dict(self.multimodal) for m in messages], [t.template_dict() for t in tools]
         )
         return self.encode(text, budget)
 
@@ -192,7 +197,8 @@ class PromptRenderer:
         self._refuse_clearly_too_long(new_messages, budget)
         stand_in = [_PLACEHOLDER_USER, assistant.template_dict()]
         before = self.render_text(stand_in, add_generation_prompt=False)
-        after = self.render_text(stand_in + [m.template_dict() for m in new_messages])
+        after = self.render_text(
+            stand_in + [m.template_dict(self.multimodal) for m in new_messages])
         if not after.startswith(before):
             raise TemplateNotIncremental(
                 "the chat template re-renders the assistant turn when messages follow it"

@@ -82,7 +82,8 @@ class InterceptionProxy:
         self.admin_key: str | None = (
             None if open_admin else admin_key or "hga-" + secrets.token_urlsafe(24)
         )
-        self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids)
+        self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids,
+                                       multimodal=self.engine.accepts_images)
         self.sessions = SessionRegistry(
             self.renderer, max_sessions=self.settings.max_sessions,
             idle_timeout_s=self.settings.session_idle_timeout_s,
