@@ -209,7 +209,8 @@ class EpisodeRunner:
         try:
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
-            session = self.proxy.open_session(policy_version, sampling, config.context_overflow)
+            session = self.proxy.open_session(policy_version, sampling, config.context_overflow,
+                                              config.train_subagents)
             endpoint = Endpoint.for_model(
                 sandbox.proxy_url(self.proxy.url), session.session_id, engine.model_name,
                 engine.max_context, self._output_cap(session.sampling),

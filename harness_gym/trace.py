@@ -28,7 +28,7 @@ SegmentRole = Literal["agent", "auxiliary", "discarded"]
 # The value types an exported segment's fields take ("int?": an int or None; "list[int8]": a
 # list of 0/1 flags, stored narrow).
 SegmentFieldType = Literal[
-    "str", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]", "list[int?]",
+    "str", "str?", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]", "list[int?]",
     "list[float?]",
 ]
 
@@ -43,7 +43,10 @@ SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
     "policy_versions": "list[int]",  # one per call, in order
     "n_calls": "int",
     "incomplete": "bool",  # the last call's generation was aborted
-    "parent": "int?",  # index of the segment whose tokens this one's prompt copies
+    # The segment this one hangs under: the one whose tokens its prompt copies (a branch), or,
+    # for a sub-agent (`parent_call_id` set), the one holding the tool call that started it.
+    "parent": "int?",
+    "parent_call_id": "str?",  # the tool call a sub-agent's conversation answers (see proxy.subagents)
     # One entry per call, in order; None where it was not recorded (older files, a bridge
     # driven without a sampler).
     "call_starts": "list[int?]",  # offset in response_ids where the call's tokens begin
@@ -60,7 +63,7 @@ _PER_CALL = ("call_starts", "sampling_temperature", "sampling_top_p", "sampling_
              "sampling_max_tokens", "sampling_seed", "forced_tokens")
 
 _EMPTY: dict[SegmentFieldType, Any] = {
-    "str": "", "bool": False, "int": 0, "int?": None,
+    "str": "", "str?": None, "bool": False, "int": 0, "int?": None,
     "list[int]": [], "list[int8]": [], "list[float]": [], "list[int?]": [], "list[float?]": [],
 }
 
@@ -109,7 +112,8 @@ class TraceSegment:
     call_starts: list[int] = field(default_factory=list)  # one per call: response offset
     forced_tokens: list[int] = field(default_factory=list)  # one per call (tool_choice)
     incomplete: bool = False  # generation was aborted (client gone, engine failed)
-    parent: int | None = None  # index of the segment whose tokens this one's prompt copies
+    parent: int | None = None  # see SEGMENT_SCHEMA
+    parent_call_id: str | None = None  # set on a sub-agent's segment
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -173,6 +177,7 @@ class TraceSegment:
             "n_calls": self.n_calls,
             "incomplete": self.incomplete,
             "parent": self.parent,
+            "parent_call_id": self.parent_call_id,
             "call_starts": self._per_call(self.call_starts),
             "forced_tokens": self._per_call(self.forced_tokens),
             **{f"sampling_{name}": [getattr(s, name) if s is not None else None

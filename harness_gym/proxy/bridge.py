@@ -23,10 +23,11 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..engines.base import Completion
-from ..trace import CallRecord, CallSampling, SessionTrace, TraceSegment
+from ..trace import CallRecord, CallSampling, SegmentRole, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
-from .tool_choice import NO_STEERING, Steering
 from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
+from .subagents import SpawnRegistry, SubagentLink, opening_text
+from .tool_choice import NO_STEERING, Steering
 
 
 TRUNCATED_TOOL_RESULT = "[tool output removed by harness-gym: the context was full]"
@@ -75,12 +76,20 @@ class PromptPlan:
     # module): the engine sees them after the prompt; the trace records them with mask 0.
     steering: Steering = NO_STEERING
     forced_ids: tuple[int, ...] = ()
+    opening: str = ""  # the first user message: a sub-agent's brief (`subagents`)
 
 
 class PromptBridge:
-    def __init__(self, renderer: PromptRenderer, trace: SessionTrace) -> None:
+    def __init__(
+        self, renderer: PromptRenderer, trace: SessionTrace, *, train_subagents: bool = False
+    ) -> None:
+        """`train_subagents`: a sub-agent's segments get role `agent` (trained on) instead of
+        `auxiliary`; they are linked to the tool call that started them either way."""
         self.renderer = renderer
         self.trace = trace
+        self.train_subagents = train_subagents
+        self._spawns = SpawnRegistry()
+        self._subagent_tools: set[bytes] = set()  # tool sets sub-agents were seen with
         self._lock = threading.Lock()
         self._turns: dict[bytes, TurnNode] = {}  # chain after our turn -> node
         self._requests: dict[bytes, TurnNode] = {}  # chain of a request -> its node
@@ -95,6 +104,11 @@ class PromptBridge:
     def plan(self, request: ChatRequest, budget: int | None = None) -> PromptPlan:
         """The prompt for `request`. With a `budget`, a prompt that clearly has more tokens
         raises `PromptTooLong` after about that much tokenizing, whatever the request's size."""
+        plan = self._plan(request, budget)
+        plan.opening = opening_text(request.messages)
+        return plan
+
+    def _plan(self, request: ChatRequest, budget: int | None) -> PromptPlan:
         chain = self._chain(request)
         request_key, tools_key = chain[-1], chain[0]
         with self._lock:
@@ -177,7 +191,8 @@ class PromptBridge:
                 low = middle + 1
         prompt = render(high)
         assert not isinstance(prompt, PromptTooLong)
-        return PromptPlan(prompt, chain[-1], chain[0], "new", truncated_tool_results=high)
+        return PromptPlan(prompt, chain[-1], chain[0], "new", truncated_tool_results=high,
+                          opening=opening_text(request.messages))
 
     def commit(
         self, plan: PromptPlan, completion: Completion, turn: AssistantTurn, latency_s: float
@@ -223,6 +238,7 @@ class PromptBridge:
                     truncated_tool_results=plan.truncated_tool_results,
                 )
             )
+            self._spawns.add(node.call_index, turn.tool_calls)
             self._requests[plan.request_key] = node
             self._turns[_chain(plan.request_key, node.assistant.semantic_key())] = node
             return node
@@ -269,11 +285,30 @@ class PromptBridge:
         # generation, sub-agents) are auxiliary.
         if self._agent_tools_key is None:
             self._agent_tools_key = plan.tools_key
-        role = "agent" if plan.tools_key == self._agent_tools_key else "auxiliary"
         parent = plan.parent.segment if plan.parent is not None else None
+        role, link = self._role(plan, parent)
         # A copy: the segment grows as calls land, the plan's prompt must not.
-        segments.append(TraceSegment(role, list(plan.prompt_ids), len(plan.prompt_ids), parent=parent))
+        segment = TraceSegment(role, list(plan.prompt_ids), len(plan.prompt_ids), parent=parent)
+        if link is not None:
+            segment.parent = self.trace.calls[link.call_index].segment
+            segment.parent_call_id = link.call_id
+        segments.append(segment)
         return ("branch" if parent is not None else "new"), len(segments) - 1
+
+    def _role(self, plan: PromptPlan, parent: int | None) -> tuple[SegmentRole, SubagentLink | None]:
+        """A new segment's role, and the tool call it is the sub-agent of (caller holds the
+        lock). A branch keeps its `parent` (the segment it copies) and is not linked again."""
+        if plan.tools_key == self._agent_tools_key:
+            return "agent", None
+        link = self._spawns.find(plan.opening) if parent is None else None
+        if link is not None and self.trace.segments[
+                self.trace.calls[link.call_index].segment].role == "discarded":
+            link = None  # the call was retried: its answer never reached the harness
+        if link is not None:
+            self._subagent_tools.add(plan.tools_key)
+        if link is not None or plan.tools_key in self._subagent_tools:
+            return ("agent" if self.train_subagents else "auxiliary"), link
+        return "auxiliary", None
 
     def _is_tail(self, node: TurnNode) -> bool:
         segment = self.trace.segments[node.segment]

@@ -163,8 +163,9 @@ class InterceptionProxy:
         policy_version: int | None = None,
         sampling: dict[str, Any] | None = None,
         context_overflow: str = "error",
+        train_subagents: bool = False,
     ) -> ProxySession:
-        return self.sessions.open(policy_version, sampling, context_overflow)
+        return self.sessions.open(policy_version, sampling, context_overflow, train_subagents)
 
     def close_session(self, session_id: str) -> ProxySession | None:
         """End a session (calls still running record nothing more). Idempotent: a session
