@@ -154,14 +154,22 @@ def _tool_result_parts(content: Any, param: str) -> list[Part]:
 
 
 def _image_part(block: dict[str, Any], kind: str, where: str) -> ImagePart:
-    """An `image` or `document` block: `source` is base64 data, a URL, or (documents) text."""
+    """An `image` or `document` block: `source` is base64 data, a URL, or (documents) text or
+    content blocks."""
     source = field(block, "source", dict, f"{where}.source", required=True)
+    source_kind = field(source, "type", str, f"{where}.source.type", required=True)
     media_type = field(source, "media_type", str, f"{where}.source.media_type", default="")
-    if source.get("type") == "url":
+    if source_kind == "url":
         return ImagePart(media_type, url=field(source, "url", str, f"{where}.source.url",
                                                  required=True), kind=kind)
-    data = source.get("data")
-    return ImagePart(media_type, data if isinstance(data, str) else "", kind=kind)
+    if source_kind in ("base64", "text"):
+        data = field(source, "data", str, f"{where}.source.data", required=True)
+        return ImagePart(media_type, data, kind=kind)
+    if source_kind in ("content", "file"):  # a document made of blocks, an uploaded file
+        return ImagePart(media_type, url=f"{source_kind}:{orjson.dumps(source).decode()}",
+                         kind=kind)
+    raise invalid(f"{where}.source.type: expected 'base64', 'url', 'text', 'content' or 'file' "
+                  f"for a {kind} block, got {source_kind!r}", f"{where}.source.type")
 
 
 

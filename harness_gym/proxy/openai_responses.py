@@ -142,8 +142,11 @@ def _file_part(part: dict[str, Any], kind: str, where: str) -> ImagePart:
         url = field(part, "image_url", str, f"{where}.image_url")
         if url:
             return from_data_url(url)
-        return ImagePart("", url="file:" + field(part, "file_id", str, f"{where}.file_id",
-                                                 default=""))
+        file_id = field(part, "file_id", str, f"{where}.file_id")
+        if not file_id:
+            raise invalid(f"Missing required parameter: '{where}.image_url' (or file_id).",
+                          f"{where}.image_url")
+        return ImagePart("", url="file:" + file_id)
     data = field(part, "file_data", str, f"{where}.file_data", default="")
     if data.startswith("data:"):
         return from_data_url(data, kind="document")
