@@ -179,10 +179,10 @@ class TraceSegment:
             "parent": self.parent,
             "parent_call_id": self.parent_call_id,
             "call_starts": self._per_call(self.call_starts),
-            "forced_tokens": self._per_call(self.forced_tokens),
             **{f"sampling_{name}": [getattr(s, name) if s is not None else None
                                     for s in self._per_call(self.sampling)]
                for name in ("temperature", "top_p", "top_k", "max_tokens", "seed")},
+            "forced_tokens": self._per_call(self.forced_tokens),
         }
 
     def _per_call(self, values: list[Any]) -> list[Any]:
