@@ -2,22 +2,28 @@
 
 `EpisodeRunner.run(task)` is the macro-step behind `env.step()`. Every episode ends: the CLI is
 killed (its whole process group, and tool processes that left it) at `episode_timeout_s`, and the
-sandbox and proxy session are closed whatever happened. Failures are kept apart by outcome:
-`timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and the tests
-did not pass), `infra_error` (our side failed: sandbox, install, test patch; or the harness
-cannot work in the model's context window: its declared `min_context` is larger, checked before
-anything starts, or the proxy refused its very first prompt as too long, which stops the CLI at
-once), never a silent `failed`.
+sandbox and proxy session are closed whatever happened. When the CLI has ended, every process it
+or its agent started is killed (`Sandbox.kill_processes`) before the grader touches the tree: a
+background writer left by the agent cannot change the verdict. Failures are kept apart by
+outcome: `timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and
+the tests did not pass, or the episode broke under the agent: it hit a sandbox cap such as the
+disk, or its proxy session was closed), `infra_error` (our side failed: sandbox, install, test
+patch; or the harness cannot work in the model's context window: its declared `min_context` is
+larger, checked before anything starts, or the proxy refused its very first prompt as too long,
+which stops the CLI at once), never a silent `failed`. Nothing an agent does raises out of
+`run()`.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,8 @@ from .config import EpisodeConfig
 from .engines import Engine, load_engine
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
+from .proxy.errors import ProxyError
+from .proxy.sessions import ProxySession
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
@@ -197,7 +205,10 @@ class EpisodeRunner:
         *,
         sampling: dict[str, Any] | None = None,
         policy_version: int | None = None,
+        on_session: Callable[[ProxySession], None] | None = None,
     ) -> EpisodeResult:
+        """One episode. `on_session` sees the proxy session as soon as it opens (a Ray node
+        runner reports from it whether the episode has made a model call yet)."""
         started = time.monotonic()
         config, engine = self.config, self.proxy.engine
         sandbox = session = None
@@ -211,15 +222,26 @@ class EpisodeRunner:
             sandbox = self.backend.create(self.sandbox_spec(task))
             session = self.proxy.open_session(policy_version, sampling, config.context_overflow,
                                               config.train_subagents)
+            if on_session is not None:
+                on_session(session)
             endpoint = Endpoint.for_model(
                 sandbox.proxy_url(self.proxy.url), session.session_id, engine.model_name,
                 engine.max_context, self._output_cap(session.sampling),
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
             run = _wait_unless_it_cannot_start(job, session.trace, config.episode_timeout_s)
+            # Nothing the agent started may still run while the grader works (invariant 7).
+            sandbox.kill_processes()
             output = self.harness.read_output(run)
             self.harness.check_first_prompt(session.trace.first_prompt_overflowed)
-            if run.timed_out:
+            broken = sandbox.fault or (
+                "its proxy session was closed during the episode (by the proxy's owner or its "
+                "idle expiry)" if session.closed else None
+            )
+            if broken is not None:
+                outcome, error = "harness_error", broken
+                patch = _patch_or_empty(sandbox, task)
+            elif run.timed_out:
                 outcome = "timeout"
                 error = f"the harness ran past episode_timeout_s={config.episode_timeout_s:g}"
                 patch = _patch_or_empty(sandbox, task)
@@ -236,10 +258,18 @@ class EpisodeRunner:
                         exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError)))
         finally:
             if session is not None:
-                self.proxy.close_session(session.session_id)
                 trace = session.trace.snapshot()
+                try:
+                    self.proxy.close_session(session.session_id)
+                except ProxyError:  # closed already (the agent deleted it): nothing to close
+                    pass
             if sandbox is not None:
-                sandbox.close()
+                try:
+                    sandbox.close()
+                except Exception as exc:  # leftovers are logged; the episode still has a result
+                    outcome, error = "infra_error", f"could not close the sandbox: {exc}"
+                    log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id,
+                                error)
         reward, breakdown = config.reward(outcome, trace.n_tool_calls)
         return EpisodeResult(
             task_id=task.instance_id,
@@ -283,7 +313,8 @@ class EpisodeStack:
         self.proxy: InterceptionProxy | None = None
         self.backend: SandboxBackend | None = None
         try:
-            self.proxy = InterceptionProxy(self.engine).start()
+            # An admin key the agents never see: a session key reaches its model routes only.
+            self.proxy = InterceptionProxy(self.engine, admin_key=secrets.token_urlsafe(32)).start()
             self.backend = load_sandbox(config.sandbox or default_sandbox())
             say = (lambda m: print(m, file=sys.stderr)) if config.progress else None
             for spec in config.harness:
@@ -294,7 +325,9 @@ class EpisodeStack:
             self.close()
             raise
 
-    def run(self, request: EpisodeRequest) -> EpisodeResult:
+    def run(
+        self, request: EpisodeRequest, on_session: Callable[[ProxySession], None] | None = None
+    ) -> EpisodeResult:
         """Run one episode; a harness this stack has no runner for is an `infra_error`."""
         runner = self.runners.get(request.harness)
         if runner is None:
@@ -302,7 +335,7 @@ class EpisodeStack:
                                            f"no runner for harness {request.harness!r} here")
         self.engine.on_episode_start(request.task)
         return runner.run(request.task, sampling=request.sampling,
-                          policy_version=request.policy_version)
+                          policy_version=request.policy_version, on_session=on_session)
 
     def close(self) -> None:
         """Release everything the stack started. Idempotent."""

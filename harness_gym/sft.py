@@ -24,7 +24,10 @@ log-likelihood over positions whose label is not -100 (`SFTTrainer.compute_loss`
 `skip_prepare_dataset`. Defaults differ from TRL's where they would hurt here: `max_length=None`
 (TRL's 1024 would cut a ~2k-token Pi episode down to its prompt, then drop it as fully masked),
 float32 (no bf16 on CPU), no gradient checkpointing (small models), no checkpoints saved unless
-asked. The gradient is that of full fine-tuning on the masked tokens.
+asked. The gradient is that of full fine-tuning on the masked tokens; with `frozen_prefix=True`
+each row's prompt (everything before its first loss token) runs once without gradient and is
+shared between rows, which makes a Pi row ~3x cheaper on a CPU and changes the gradient as
+`harness_gym.training.frozen_prefix` says.
 
 By default only `passed` episodes and `agent` segments are kept (`outcomes=None` keeps every
 episode). Sources: lists of `info` dicts (each with `trace`, `outcome`, `task_id`), `RecordTraces`
@@ -173,13 +176,19 @@ def sft_trainer(
     rows: EpisodeSource | list[dict[str, Any]] | Any,
     *,
     output_dir: str | os.PathLike[str],
+    frozen_prefix: bool = False,
     **config: Any,
 ) -> Any:
     """A TRL `SFTTrainer` for `model` (a causal LM, or a model directory) on `rows` (`sft_rows`
     output, a `datasets.Dataset` of such rows, or episodes), not yet trained. `config`
-    overrides `sft_config` fields (`num_train_epochs`, `learning_rate`, `max_steps`, ...)."""
+    overrides `sft_config` fields (`num_train_epochs`, `learning_rate`, `max_steps`, ...).
+    `frozen_prefix=True` builds a `FrozenPrefixSFTTrainer`: the same loss, with each row's
+    prompt run once without gradient (see `harness_gym.training.frozen_prefix`)."""
     from datasets import Dataset
     from trl import SFTTrainer
+
+    if frozen_prefix:
+        from .training.trainers import FrozenPrefixSFTTrainer as SFTTrainer
 
     dataset = rows if isinstance(rows, Dataset) else sft_dataset(rows)
     dataset = dataset.select_columns(["input_ids", "labels"])
@@ -197,11 +206,13 @@ def train_sft(
     rows: EpisodeSource | list[dict[str, Any]] | Any,
     *,
     output_dir: str | os.PathLike[str],
+    frozen_prefix: bool = False,
     **config: Any,
 ) -> Any:
     """`sft_trainer(...)`, trained; returns the trainer (`trainer.model` is the tuned model,
     `trainer.state.log_history` the losses; save with `trainer.save_model(path)`)."""
-    trainer = sft_trainer(model, tokenizer, rows, output_dir=output_dir, **config)
+    trainer = sft_trainer(model, tokenizer, rows, output_dir=output_dir,
+                          frozen_prefix=frozen_prefix, **config)
     trainer.train()
     return trainer
 

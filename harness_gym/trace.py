@@ -204,6 +204,11 @@ class CallRecord:
     kind: str  # "extend", "new", "branch", "retry", "aborted"
     latency_s: float
     truncated_tool_results: int = 0  # blanked by context_overflow="truncate"
+    # Turns of ours whose reasoning the request did not echo (ids reused anyway), and whose
+    # echoed reasoning was altered or carried a signature we did not issue (no prompt extends
+    # through those): see `proxy.reasoning`.
+    missing_reasoning: int = 0
+    altered_reasoning: int = 0
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,11 @@ class SessionTrace:
     @property
     def n_truncations(self) -> int:
         return sum(1 for c in self.calls if c.truncated_tool_results)
+
+    @property
+    def n_altered_reasoning(self) -> int:
+        """Calls whose history carried altered reasoning of a turn we sampled."""
+        return sum(1 for c in self.calls if c.altered_reasoning)
 
     @property
     def n_tool_calls(self) -> int:

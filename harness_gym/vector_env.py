@@ -40,11 +40,13 @@ episode setting, validated into one `EpisodeConfig` (see `harness_gym.config`); 
 a ready one (keywords given beside it override its fields).
 
 The step's episodes go to an `EpisodeExecutor` (`harness_gym.executors`): local threads, or with
-`executor="ray"` a Ray cluster: one
-`NodeRunner` actor per node, each with its own proxy in front of the engine, which must then be a
-spec string (`vllm:URL` on a real cluster). `ray_address` joins a running cluster; without it a
-local one starts, with `ray_init` as extra `ray.init` keywords. Infos are the same either way.
-See `harness_gym.ray_executor`.
+`executor="ray"` a Ray cluster: one `NodeRunner` actor per suitable node, each with its own proxy
+in front of the engine, which must then be a spec string (`vllm:URL` on a real cluster).
+`ray_address` joins a running cluster (without it a local one starts, with `ray_init` as extra
+`ray.init` keywords) and `ray_actor_options` are every runner's Ray options (`num_cpus`,
+`resources`, `runtime_env`, ...); `executor=RayCluster(...)` says all of it, node labels and the
+executor's clocks included (`harness_gym.ray_cluster`). Infos are the same either way. See
+`harness_gym.ray_executor` and docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from .config import EpisodeConfig
 from .engines import Engine
 from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
 from .episode import EpisodeRequest, EpisodeResult
-from .executors import EpisodeExecutor, ExecutorName, make_executor
+from .executors import EpisodeExecutor, ExecutorSpec, executor_factory
 from .harness import HarnessSpec
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
@@ -82,17 +84,19 @@ class HarnessVectorEnv(VectorEnv):
         num_envs: int = 1,
         tasks: TaskSpec | list[Task] = "builtin",
         group_size: int = 1,
-        executor: ExecutorName = "threads",
+        executor: ExecutorSpec = "threads",
         ray_address: str | None = None,
         ray_init: dict[str, Any] | None = None,
+        ray_actor_options: dict[str, Any] | None = None,
         config: EpisodeConfig | None = None,
         **settings: Any,
     ) -> None:
         if num_envs < 1 or group_size < 1 or num_envs % group_size:
             raise ValueError(f"num_envs={num_envs} must be a positive multiple of "
                              f"group_size={group_size}")
-        if executor not in ("threads", "ray"):
-            raise ValueError(f"executor is 'threads' or 'ray', got {executor!r}")
+        self._executor_factory = executor_factory(
+            executor, ray_address=ray_address, ray_init=ray_init,
+            ray_actor_options=ray_actor_options)
         self.config = EpisodeConfig.build(config, **settings)
         loaded = self.config.harness
         self.harnesses: list[HarnessSpec] = [loaded[i % len(loaded)] for i in range(num_envs)]
@@ -105,16 +109,18 @@ class HarnessVectorEnv(VectorEnv):
         self.action_space = batch_space(ACTION_SPACE, num_envs)
         self.policy_version: int | None = None  # used where an action gives none
         self._current: list[Task] | None = None
-        self._executor_name: ExecutorName = executor
-        self._ray_options = {"ray_address": ray_address, "ray_init": ray_init}
         self._executor: EpisodeExecutor | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def _start(self) -> EpisodeExecutor:
         if self._executor is None:
-            self._executor = make_executor(self._executor_name, self.config,
-                                           max_workers=self.num_envs, **self._ray_options)
+            self._executor = self._executor_factory.start(self.config, max_workers=self.num_envs)
+        return self._executor
+
+    @property
+    def executor(self) -> EpisodeExecutor | None:
+        """Where the episodes run, once the first `reset()` started it (None before)."""
         return self._executor
 
     @property

@@ -10,11 +10,18 @@ Real processes throughout: exit codes, output, timeouts that kill a grandchild t
 jobs, binary files, HOME, isolation between two sandboxes, and a census of processes carrying
 the sandbox marker after close. Processes are found by a command line unique to the test
 (`unique_sleep`), so two tests, or two test runs, never see each other's.
+
+What an agent can do to the episode is here too (attack class 7 of issue 11, and faults that
+must stay inside one rollout): `kill_processes()` ends every escapee the backend can see (all of
+them where `kills_every_escapee`), a background writer cannot touch the tree after it, a fork
+bomb stops at the pids cap (`caps_pids`), megabytes of output come back capped, and the
+interpreter's sys.path is read-only inside (`protects_interpreter`).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import time
 import uuid
@@ -52,10 +59,32 @@ def wait_until(condition, timeout: float = 5.0) -> bool:
     return True
 
 
+# Every way a process can leave its parent's process group and session, started from one job.
+ESCAPES = (
+    "setsid -f {sleep}",  # a new session
+    "( ( {sleep} & ) & )",  # a double fork: reparented to init
+    "nohup {sleep} >/dev/null 2>&1 &",  # immune to SIGHUP
+    "python3 -c 'import os; os.setpgid(0, 0); os.execvp(\"sleep\", [\"sleep\", \"{secs}\"])' &",
+)
+SCRUBBED = "env -i setsid -f {sleep}"  # no marker variable left to find it by
+
+OUTPUT_LIMIT = 32 * 2**20  # harness_gym.sandbox.local.OUTPUT_LIMIT_BYTES, as documented
+
+
 class SandboxConformance:
     backend_name: str
     isolates_files: bool = True  # one sandbox cannot see another's files at their host paths
     signal_exit_codes: tuple[int, ...] = (-9,)  # how `kill -9 $$` reads (bwrap: 137)
+    # kill_processes() also finds processes that scrubbed their environment (pid namespace,
+    # cgroup, container); the marker search of local and the cloud backends cannot.
+    kills_every_escapee: bool = False
+    caps_pids: bool = False  # a fork bomb stops at the backend's `pids`
+    caps_output: bool = False  # exec returns at most the last OUTPUT_LIMIT bytes of a stream
+    protects_interpreter: bool = False  # nothing on python3's sys.path is writable inside
+
+    def limited_backend(self, pids: int) -> SandboxBackend:
+        """A backend of this kind with a pids cap of `pids` (backends with `caps_pids`)."""
+        raise NotImplementedError
 
     @pytest.fixture
     def backend(self) -> Iterator[SandboxBackend]:
@@ -213,3 +242,103 @@ class SandboxConformance:
         with pytest.raises(SandboxError, match="closed"):
             box.exec("true")
 
+
+    # -- what an agent leaves behind, and faults that stay inside the rollout ------------------
+
+    def test_kill_processes_kills_every_escapee_and_keeps_the_files(self, box: Sandbox) -> None:
+        sleep, marker = unique_sleep()
+        secs = sleep.split()[1]
+        escapes = [e.format(sleep=sleep, secs=secs) for e in ESCAPES]
+        if self.kills_every_escapee:
+            escapes.append(SCRUBBED.format(sleep=sleep))
+        box.write_file("kept.txt", "the agent's work")
+        job = box.start("\n".join([*escapes, f"exec {sleep}"]))
+        assert wait_until(lambda: len(alive(marker)) >= len(escapes) + 1, timeout=15)
+        box.kill_processes()
+        assert alive(marker) == []  # at once: no grace period for a writer to use
+        assert job.poll() is not None
+        assert box.read_file("kept.txt") == b"the agent's work"
+        assert box.exec("cat kept.txt").stdout == "the agent's work"  # commands run after it
+
+    def test_a_background_writer_cannot_touch_the_tree_after_kill_processes(
+        self, box: Sandbox
+    ) -> None:
+        # Attack 7: a loop the agent left would rewrite a test file while the grader runs.
+        box.write_file("test_it.py", "def test_it():\n    assert False\n")
+        box.write_file("forged.py", "def test_it():\n    assert True\n")
+        writer = "while :; do cp forged.py test_it.py; sleep 0.01; done"
+        escape = "setsid -f" if not self.kills_every_escapee else "env -i setsid -f"
+        box.start(f"{escape} bash -c '{writer}'; sleep 1000")
+        assert wait_until(lambda: b"True" in box.read_file("test_it.py"), timeout=15)
+        box.kill_processes()
+        box.write_file("test_it.py", "def test_it():\n    assert False\n")  # the grader's restore
+        time.sleep(0.5)
+        assert box.read_file("test_it.py") == b"def test_it():\n    assert False\n"
+
+    def test_kill_processes_on_an_idle_sandbox_is_harmless_and_repeatable(
+        self, box: Sandbox
+    ) -> None:
+        box.kill_processes()
+        box.kill_processes()
+        assert box.exec("echo still here").stdout == "still here\n"
+
+    def test_a_fork_bomb_stops_at_the_pids_cap_and_other_sandboxes_still_run(self) -> None:
+        if not self.caps_pids:
+            pytest.skip(f"{self.backend_name} cannot cap processes here")
+        token = uuid.uuid4().hex[:12]
+        backend = self.limited_backend(pids=64)
+        try:
+            with backend.create(SandboxSpec()) as bomb, backend.create(SandboxSpec()) as other:
+                bomb.start(f"bash -c 'b() {{ b | b & }}; b; : {token}'; sleep 1000")
+                time.sleep(3)
+                assert len(alive(token)) <= 64  # seen from the host: the cap holds
+                assert other.exec("echo ok", timeout=60).stdout == "ok\n"
+                started = time.monotonic()
+                bomb.kill_processes()
+                assert time.monotonic() - started < 30
+                assert wait_until(lambda: alive(token) == [], timeout=10)
+                assert bomb.exec("echo calm", timeout=60).stdout == "calm\n"
+        finally:
+            backend.close()
+
+    def test_megabytes_of_output_come_back_capped_and_memory_stays_flat(
+        self, box: Sandbox
+    ) -> None:
+        if not self.caps_output:
+            pytest.skip(f"{self.backend_name} returns whole outputs")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        flood = "head -c 268435456 /dev/zero | tr '\\0' x; echo END"  # 256 MiB
+        result = box.exec(flood, timeout=300)
+        assert result.exit_code == 0, result.stderr[-500:]
+        assert len(result.stdout) <= OUTPUT_LIMIT and result.stdout.endswith("xEND\n")
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        assert grown < 4 * OUTPUT_LIMIT, f"{grown / 2**20:.0f} MiB more at the peak"
+
+    def test_nothing_on_the_interpreters_sys_path_is_writable_inside(self, box: Sandbox) -> None:
+        if not self.protects_interpreter:
+            pytest.skip(f"{self.backend_name} does not protect the host's interpreter")
+        # What the grader's `python -m pytest` would load at start: a .pth or sitecustomize.py
+        # anywhere on sys.path but the repo (the user site is the grader's to switch off).
+        plant = (
+            "import os, site, sys\n"
+            "user = site.getusersitepackages()\n"
+            "dirs = [p for p in sys.path if p and os.path.isdir(p) and p != os.getcwd()"
+            " and not p.startswith(user)]\n"
+            "planted = []\n"
+            "for d in dirs:\n"
+            "    for name in ('harness_gym_probe.pth', 'sitecustomize.py', 'usercustomize.py'):\n"
+            "        try:\n"
+            "            with open(os.path.join(d, name), 'a') as f:\n"
+            "                f.write('import os\\n')\n"
+            "            planted.append(os.path.join(d, name))\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "print(len(dirs), planted)\n"
+        )
+        for python in ("python3", "python"):
+            result = box.exec([python, "-c", plant])
+            if result.exit_code == 127:  # no such interpreter in this sandbox
+                continue
+            n_dirs, planted = result.stdout.split(" ", 1)
+            assert result.exit_code == 0 and int(n_dirs) >= 2, result.stderr
+            assert planted.strip() == "[]"

@@ -114,28 +114,66 @@ def test_a_server_without_a_local_model_dir_asks_for_the_tokenizer(fresh):
         load_engine(f"vllm:{fresh[0].url}")
 
 
-def test_a_server_reporting_raw_logprobs_fails_the_engine_at_start(tiny, engines):
+def test_a_server_reporting_raw_logprobs_fails_the_engine_at_start_when_strict(tiny, engines):
     with VLLMWireServer(tiny) as raw:  # vLLM's default --logprobs-mode
         with pytest.raises(VLLMConfigError, match="--logprobs-mode processed_logprobs"):
-            VLLMEngine([raw.url], tokenizer="tiny")
+            VLLMEngine([raw.url], tokenizer="tiny", verify_logprobs="strict")
         [probe] = raw.served
         assert probe.is_probe and probe.body["top_k"] == 1
-        accepted = engines([raw.url], tokenizer="tiny", verify_logprobs=False)
-        assert accepted.logprobs_mode == {} and len(raw.served) == 1  # no probe sent
+        with pytest.raises(VLLMConfigError, match="--logprobs-mode processed_logprobs"):
+            load_engine(f"vllm:{raw.url}?tokenizer=tiny&verify_logprobs=strict")
 
 
-def test_a_raw_server_that_comes_up_later_is_kept_out_of_service(tiny, engines):
+def test_a_server_reporting_raw_logprobs_is_recorded_and_warned_about_by_default(
+        tiny, engines, caplog):
+    with VLLMWireServer(tiny) as raw, caplog.at_level("WARNING"):
+        engine = engines([raw.url], tokenizer="tiny")
+        assert engine.logprobs_mode == {raw.url: "raw_logprobs"}
+        assert engine.servers.in_service() == [raw.url]
+        [warning] = [r for r in caplog.records if "processed logprobs" in r.getMessage()]
+        assert warning.levelname == "WARNING" and raw.url in warning.getMessage()
+        assert "--logprobs-mode processed_logprobs" in warning.getMessage()
+        caplog.clear()
+        quiet = engines(spec=f"vllm:{raw.url}?tokenizer=tiny&verify_logprobs=0")
+        assert quiet.verify_logprobs == "off" and quiet.logprobs_mode[raw.url] == "raw_logprobs"
+        assert not [r for r in caplog.records if "processed logprobs" in r.getMessage()]
+
+
+def test_a_server_that_ignores_token_ids_as_tokens_is_read_through_the_echo(tiny, engines,
+                                                                             caplog):
+    # A server without `return_tokens_as_token_ids` sends text pieces as logprobs tokens: the
+    # probe finds out, and that server's ids come from `return_token_ids` instead.
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED, token_ids_in_logprobs=False) as old, \
+            VLLMWireServer(tiny, logprobs_mode=PROCESSED) as new, caplog.at_level("WARNING"):
+        engine = engines([old.url, new.url], tokenizer="tiny")
+        assert engine.server_ids_from == {old.url: "echo", new.url: "logprobs"}
+        [said] = [r for r in caplog.records if "return_tokens_as_token_ids" in r.getMessage()]
+        assert old.url in said.getMessage() and "ids_from=echo" in said.getMessage()
+        for server in (old, new):
+            key = keys_owned_by(engine, server.url)[0]
+            ids = prompt(engine, f"read from {key}")
+            _, chunks = asyncio.run(collect(engine, ids, key, max_tokens=12))
+            [served] = server.calls
+            assert [t for c in chunks for t in c.token_ids] == served.token_ids
+            assert [x for c in chunks for x in c.logprobs] == served.logprobs
+            assert served.body["prompt"] == ids
+        assert old.calls[0].body["return_token_ids"] is True
+        assert new.calls[0].body["return_tokens_as_token_ids"] is True
+        assert "return_token_ids" not in new.calls[0].body
+
+
+def test_a_raw_server_that_comes_up_later_is_kept_out_of_service_when_strict(tiny, engines):
     late = VLLMWireServer(tiny)  # bound, not listening yet
     with VLLMWireServer(tiny, logprobs_mode=PROCESSED) as good:
         engine = engines([late.url, good.url], tokenizer="tiny", model_name="tiny",
-                         max_context=4096, health_period_s=0.05)
+                         max_context=4096, health_period_s=0.05, verify_logprobs="strict")
         assert engine.servers.in_service() == [good.url]
         with late:
             asyncio.run(collect(engine, prompt(engine, "hi")))  # starts the health checks
-            wait_for(lambda: late.served)  # the probe
+            # The probe samples with the tiny model: slow on a loaded machine.
+            wait_for(lambda: "processed logprobs" in engine.servers.status()[late.url], 60)
             time.sleep(0.3)
             assert engine.servers.in_service() == [good.url]
-            assert "processed logprobs" in engine.servers.status()[late.url]
             assert engine.logprobs_mode[late.url] == "raw_logprobs"
 
 
@@ -200,6 +238,21 @@ def test_streamed_token_ids_and_logprobs_are_exactly_what_the_server_sent(fresh,
         assert echoed[0] == body["prompt"] and echoed[1:] == [None] * (len(echoed) - 1)
 
 
+@pytest.mark.parametrize("ids_from", ["logprobs", "echo"])
+def test_the_calls_of_a_session_reuse_one_connection(fresh, engines, ids_from):
+    # A stream closed before its `[DONE]` was read takes its connection with it: every call
+    # then paid for a new TCP connection.
+    a, _ = fresh
+    engine = engines([a.url], tokenizer="tiny", ids_from=ids_from)
+
+    async def episode():
+        for turn in range(3):
+            await collect(engine, prompt(engine, f"turn {turn}"), "session", max_tokens=4)
+
+    asyncio.run(episode())
+    assert len(a.calls) == 3 and len({call.peer for call in a.calls}) == 1
+
+
 def test_both_ways_of_reading_ids_record_the_same_tokens(fresh, engines):
     a, _ = fresh
     no_echo = engines([a.url], tokenizer="tiny")
@@ -259,7 +312,7 @@ def test_the_fake_speaks_like_vllm_chunks_stop_reason_and_model_check(fresh, tin
         assert by_eos.token_ids == [first] and by_eos.finish_reason == "stop"
         assert by_eos.stop_reason is None
         unknown = engines([server.url], tokenizer="tiny", model_name="qwen", max_context=4096,
-                          verify_logprobs=False)
+                          verify_logprobs=False, ids_from="echo")  # no probe: nothing to learn
         with pytest.raises(EngineError, match="does not exist. Valid aliases: tiny"):
             asyncio.run(collect(unknown, ids))  # vLLM's 404
         assert server.served[-1].status == 404

@@ -17,6 +17,7 @@ pytest.importorskip("matplotlib")
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 NAMES = [p.stem for p in NOTEBOOKS]
+TRACE_VIEWS = {"quickstart", "grpo_loop"}  # the notebooks that run episodes show their tokens
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="the notebooks run Pi")
 
@@ -51,7 +52,9 @@ def test_a_notebook_is_stored_executed_top_to_bottom(path: Path):
     assert not [o for o in outputs if o.output_type == "error"]
     data = [kind for o in outputs for kind in o.get("data", {})]
     assert "image/png" in data  # a plot
-    assert any("harness-gym-trace" in o.get("data", {}).get("text/html", "") for o in outputs)
+    if path.stem in TRACE_VIEWS:
+        assert any("harness-gym-trace" in o.get("data", {}).get("text/html", "")
+                   for o in outputs)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=NAMES)

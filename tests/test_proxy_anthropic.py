@@ -1,7 +1,7 @@
 """The Anthropic Messages surface of the proxy, driven by the official `anthropic` SDK over HTTP.
 
 Conversations are echoed back the way Claude Code does it: the assistant's blocks as the SDK
-parsed them (`tool_use` with an `input` object, never raw text), a `thinking` block beside them,
+parsed them (`tool_use` with an `input` object, never raw text), the `thinking` blocks it got,
 tool results as `tool_result` blocks, and a `role: "system"` message inside `messages`.
 """
 
@@ -85,9 +85,12 @@ def ask(client, messages, mode: str, **kw) -> anthropic.types.Message:
 
 
 def echo_like_claude_code(message: anthropic.types.Message) -> dict:
-    blocks = [{"type": "thinking", "thinking": "hmm", "signature": "sig"}]
+    blocks = []
     for block in message.content:
-        if block.type == "text":
+        if block.type == "thinking":
+            blocks.append({"type": "thinking", "thinking": block.thinking,
+                           "signature": block.signature})
+        elif block.type == "text":
             blocks.append({"type": "text", "text": block.text})
         else:
             blocks.append({"type": "tool_use", "id": block.id, "name": block.name,

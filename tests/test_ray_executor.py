@@ -1,15 +1,21 @@
 """`executor="ray"`: the same Pi + oracle step on a local 2-CPU Ray cluster and on local threads.
 
 One module-scoped pair of steps (threads, then Ray, same seed) backs the comparisons; the Ray
-env's `close()` is checked to leave no actor and no process of the cluster it started behind.
+env's `close()` is checked to leave no actor, no process of the cluster it started and no
+runner workspace behind. Then, one local node each: a runner that crashes mid-step, a runner
+that cannot start, two envs sharing one connection, the TRL path. A real multi-node cluster
+(nodes lost, frozen, joining; two envs) is tests/test_ray_cluster.py.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +25,13 @@ import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfig
 from harness_gym.engines import load_engine
 from harness_gym.engines.oracle import OracleEngine
+from harness_gym.episode import EpisodeRequest
+from harness_gym.executors import make_executor
+from harness_gym.integrations.trl import make_rollout_func
+from harness_gym.ray_cluster import RayCluster
 from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
+from harness_gym.ray_placement import RayPlacementError
+from harness_gym.tasks.loader import load_tasks
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
@@ -29,8 +41,9 @@ VERSIONS = np.array([3, 4])
 
 
 def make_vec(**kwargs):
-    return gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point", num_envs=2,
-                        group_size=2, harness="pi", engine="oracle", progress=False, **kwargs)
+    settings = {"num_envs": 2, "group_size": 2, "harness": "pi", "engine": "oracle",
+                "progress": False, **kwargs}
+    return gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point", **settings)
 
 
 def descendants(pid: int) -> set[int]:
@@ -87,8 +100,10 @@ def steps():
         start_s = time.perf_counter() - started
         on_ray = one_step(envs)
         executor = envs.unwrapped._executor
-        on_ray.update(start_s=start_s, nodes=executor.nodes, actor_names=executor.actor_names,
-                      processes=descendants(os.getpid()) - before)
+        nodes = executor.nodes
+        on_ray.update(start_s=start_s, nodes=nodes, actor_names=executor.actor_names,
+                      processes=descendants(os.getpid()) - before | {nodes[0]["guard_pid"]},
+                      placements=executor.placements)
     finally:
         envs.close()
     deadline = time.monotonic() + 30
@@ -138,11 +153,19 @@ def test_the_local_cluster_runs_one_node_runner_with_its_own_proxy(steps):
     assert node["proxy_url"].startswith("http://127.0.0.1:") and node["harnesses"] == ["pi"]
 
 
-def test_close_leaves_no_actor_and_no_process_of_the_cluster_behind(steps):
+def test_close_leaves_no_actor_process_or_workspace_of_the_cluster_behind(steps):
     on_ray = steps["ray"]
     assert on_ray["nodes"][0]["pid"] in on_ray["processes"]  # the actor was a process of ours
-    assert on_ray["left_alive"] == set()
+    assert on_ray["left_alive"] == set()  # the guard of its workspace included
+    assert not Path(on_ray["nodes"][0]["workspace"]).exists()
     assert not ray.is_initialized()
+
+
+def test_the_executor_logs_where_each_episode_ran(steps):
+    (node,) = steps["ray"]["nodes"]
+    placements = steps["ray"]["placements"]
+    assert [p.outcome for p in placements] == ["passed", "passed"]
+    assert all(p.nodes == (node["node_id"],) and p.called for p in placements)
 
 
 def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_up(steps):
@@ -172,5 +195,130 @@ def test_the_ray_executor_refuses_an_engine_object_and_an_unknown_executor():
             RayEpisodeExecutor(EpisodeConfig(engine=engine), max_episodes_per_node=1)
     finally:
         engine.close()
-    with pytest.raises(ValueError, match="'threads' or 'ray'"):
+    with pytest.raises(ValueError, match="'threads', 'ray' or an ExecutorFactory"):
         make_vec(executor="processes")
+    with pytest.raises(ValueError, match="ray_address apply to executor='ray' only"):
+        make_vec(executor=RayCluster(), ray_address="auto")
+
+
+TRAINER = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer
+    model=None, num_generations=2, state=SimpleNamespace(global_step=7),
+    args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=4096))
+
+
+def test_the_trl_rollout_func_runs_its_episodes_on_the_executor_it_is_given():
+    cluster = RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0)
+    with make_rollout_func(harness="pi", engine="oracle", tasks="builtin",
+                           executor=cluster) as rollout:
+        assert rollout.executor is cluster
+        task = rollout.tasks[0]
+        out = rollout([task.instance_id] * 2, TRAINER)
+        (envs,) = rollout._envs.values()
+        assert isinstance(envs.unwrapped.executor, RayEpisodeExecutor)
+    assert out["outcome"] == ["passed", "passed"] and out["policy_version"] == [7, 7]
+    assert all(0 in mask and 1 in mask for mask in out["env_mask"])
+    assert not ray.is_initialized()
+
+
+def test_a_ray_rollout_row_without_an_agent_segment_gets_a_placeholder_from_a_local_engine():
+    with make_rollout_func(harness="pi", engine="oracle", executor="ray") as rollout:
+        task = rollout.tasks[0]
+        infos = {"trace": [[]], "outcome": ["infra_error"], "n_tool_calls": [0]}
+        rows = rollout._rows([task], np.array([0.0]), infos, engine=None)
+    assert rows["env_mask"] == [[0]] and rows["policy_version"] == [None]
+    assert len(rows["prompt_ids"][0]) > 10
+
+
+def test_the_trainers_in_process_model_cannot_serve_a_ray_executor():
+    with pytest.raises(ValueError, match="engine='vllm:URL'"):
+        make_rollout_func(harness="pi", executor="ray")
+
+
+def test_a_runner_that_cannot_start_fails_start_up_with_its_reason():
+    config = EpisodeConfig(harness="pi", engine="hf:/no/such/model", progress=False)
+    started = time.monotonic()
+    with pytest.raises(RayPlacementError) as raised:
+        RayEpisodeExecutor(config, max_episodes_per_node=1,
+                           cluster=RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0))
+    message = str(raised.value)
+    assert "no Ray node runner could start:" in message  # at once, not at start_timeout_s
+    assert "its runner failed: could not start:" in message and "/no/such/model" in message
+    assert time.monotonic() - started < 240
+    assert not ray.is_initialized()
+
+
+def wait_for(predicate, what: str, timeout: float = 240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"waited {timeout:g} s for {what}")
+
+
+@pytest.fixture(scope="module")
+def crash():
+    """An env and, beside it, an executor built as an async rollout worker builds one (no
+    vector env, requests submitted directly) share one local node and one Ray connection. The
+    env's runner is SIGKILLed mid-step (its process, not its node); the env steps again, then
+    closes; the executor runs an episode after that, then closes."""
+    env = make_vec(executor=RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0, retry_s=1.0))
+    executor = None
+    try:
+        env.reset(seed=0)
+        config = EpisodeConfig(harness="pi", engine="oracle", progress=False)
+        executor = make_executor("ray", config, max_workers=1)  # joins the env's connection
+        env_executor = env.unwrapped.executor
+        (crashed,) = env_executor.nodes
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(env.step, None)
+            wait_for(lambda: any(e.called for e in env_executor.in_flight()), "a model call")
+            os.kill(crashed["pid"], signal.SIGKILL)
+            _, _, _, _, infos = step.result(timeout=600)
+        facts = {"crashed": crashed, "infos": infos, "placements": env_executor.placements[-2:],
+                 "separate_runners": executor.actor_names != env_executor.actor_names}
+        (facts["replaced"],) = wait_for(lambda: env_executor.nodes, "a new runner")
+        _, _, _, _, facts["next_infos"] = env.step(None)
+        env.close()
+        facts["connected_after_env_closed"] = ray.is_initialized()
+        request = EpisodeRequest("pi", load_tasks("builtin")[0], policy_version=5)
+        facts["executor_result"] = executor.submit(request).result(timeout=600)
+    finally:
+        env.close()
+        if executor is not None:
+            executor.close()
+    facts["connected_after_all_closed"] = ray.is_initialized()
+    return facts
+
+
+def test_a_crashed_runners_episodes_re_run_unless_they_had_made_a_model_call(crash):
+    placements = crash["placements"]
+    for placement in placements:
+        if placement.called and len(placement.nodes) == 1:
+            assert placement.outcome == "infra_error"  # it had spent policy tokens
+        else:
+            assert placement.outcome == "passed" and len(placement.nodes) == 2
+    assert any(p.outcome == "infra_error" for p in placements)
+    errors = [e for e in crash["infos"]["error"].tolist() if e]
+    assert errors and all("after its first model call" in e for e in errors)
+
+
+def test_a_crashed_runner_is_replaced_on_its_node_and_the_next_step_runs_there(crash):
+    crashed, replaced = crash["crashed"], crash["replaced"]
+    assert replaced["node_id"] == crashed["node_id"] and replaced["pid"] != crashed["pid"]
+    assert crash["next_infos"]["outcome"].tolist() == ["passed", "passed"]
+
+
+def test_a_crashed_runner_leaves_no_workspace_guard_or_process(crash):
+    crashed = crash["crashed"]
+    assert not Path(crashed["workspace"]).exists()
+    assert not alive({crashed["pid"], crashed["guard_pid"]})
+
+
+def test_envs_and_executors_in_one_process_share_one_connection_the_last_close_ends_it(crash):
+    assert crash["separate_runners"]
+    assert crash["connected_after_env_closed"]  # the executor still uses the env's connection
+    result = crash["executor_result"]
+    assert result.outcome == "passed" and result.info()["policy_version_max"] == 5
+    assert not crash["connected_after_all_closed"]

@@ -1,10 +1,14 @@
 """What the bwrap backend adds over local: the host's files out of sight, system dirs read-only,
-processes that escape every marker still killed, the host's loopback still reachable, and a
-real Pi episode end to end. The shared behaviour is in tests/test_sandbox_conformance.py."""
+processes that escape every marker still killed, a network of its own (the host's loopback, its
+abstract sockets and the internet unreachable; the proxy reached over a relayed unix socket; a
+`network="host"` opt-in), a disk cap, and a real Pi episode end to end. The shared behaviour is
+in tests/test_sandbox_conformance.py; attacks from inside real episodes in
+tests/test_sandbox_attacks.py."""
 
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 import uuid
@@ -118,17 +122,150 @@ class _Hello(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_harness_reaches_a_server_on_the_hosts_loopback(box: BwrapSandbox) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+@pytest.fixture
+def host_server() -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server on the host's loopback; its URL and the paths it was asked for."""
+    asked: list[str] = []
+
+    class Recording(_Hello):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def _fetch(url: str) -> str:
+    return (
+        "import urllib.request\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen({url!r}, timeout=10).read().decode())\n"
+        "except OSError as e:\n"
+        "    print('refused', type(e).__name__)\n"
+    )
+
+
+def _run_in_job(box: BwrapSandbox, code: str) -> str:
+    """Run Python code as the harness runs: a background job (the only kind that gets the
+    proxy forwarder)."""
+    job = box.start(["python", "-c", code])
+    result = job.wait(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+def test_the_hosts_loopback_is_unreachable_and_the_proxy_url_reaches_the_proxy(
+    box: BwrapSandbox, host_server: tuple[str, list[str]]
+) -> None:
+    proxy, asked = host_server
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)  # a host service
+    threading.Thread(target=other.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
-        fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
-        result = box.exec(["python", "-c", fetch], timeout=30)
-        assert (result.exit_code, result.stdout) == (0, "hello from the host\n"), result.stderr
+        service = f"http://127.0.0.1:{other.server_address[1]}/"
+        url = box.proxy_url(proxy)
+        assert url == proxy  # the same URL inside: the forwarder listens on the same port
+        assert _run_in_job(box, _fetch(url + "/v1/models")) == "hello from the host\n"
+        assert asked == ["/v1/models"]
+        assert _run_in_job(box, _fetch(service)).startswith("refused")
+        assert box.exec(["python", "-c", _fetch(url)]).stdout.startswith("refused")  # exec: none
     finally:
-        server.shutdown()
-        server.server_close()
+        other.shutdown()
+        other.server_close()
+
+
+def test_no_route_leaves_the_sandbox(box: BwrapSandbox) -> None:
+    assert box.exec("tail -n +2 /proc/net/route").stdout == ""
+    probe = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=3); print('connected')\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n"
+    )
+    assert box.exec(["python", "-c", probe]).stdout.strip() == "101"  # ENETUNREACH, at once
+
+
+def test_the_hosts_abstract_unix_sockets_are_unreachable(box: BwrapSandbox) -> None:
+    name = f"\0harness-gym-probe-{uuid.uuid4().hex[:8]}"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(name)
+    listener.listen()
+    try:
+        probe = (
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            "    s.connect('\\0' + sys.argv[1]); print('connected')\n"
+            "except OSError as e:\n"
+            "    print('refused')\n"
+        )
+        # Reachable from this host's network namespace, not from the sandbox's.
+        assert box.exec(["python", "-c", probe, name[1:]]).stdout == "refused\n"
+        with BwrapSandboxBackend(network="host").create(SandboxSpec()) as shared:
+            assert shared.exec(["python", "-c", probe, name[1:]]).stdout == "connected\n"
+    finally:
+        listener.close()
+
+
+def test_the_relay_socket_cannot_be_removed_or_replaced_from_inside(
+    box: BwrapSandbox, host_server: tuple[str, list[str]]
+) -> None:
+    proxy, _ = host_server
+    box.proxy_url(proxy)
+    (sock,) = (box.root / "run").iterdir()
+    result = box.exec(f"rm -f {sock} || echo refused; : > {sock}.x || echo refused")
+    assert result.stdout == "refused\nrefused\n"
+    assert sock.is_socket()
+
+
+def test_kill_processes_stops_the_relay(
+    box: BwrapSandbox, host_server: tuple[str, list[str]]
+) -> None:
+    proxy, asked = host_server
+    box.proxy_url(proxy)
+    box.kill_processes()
+    assert list((box.root / "run").iterdir()) == []
+    assert _run_in_job(box, _fetch(proxy)).startswith("refused")  # the grader reaches nothing
+    assert asked == []
+
+
+def test_network_host_is_an_opt_in_that_reaches_the_hosts_loopback(
+    host_server: tuple[str, list[str]],
+) -> None:
+    url, asked = host_server
+    with BwrapSandboxBackend(network="host").create(SandboxSpec()) as box:
+        assert box.proxy_url(url) == url
+        assert box.exec(["python", "-c", _fetch(url + "/x")]).stdout == "hello from the host\n"
+    assert asked == ["/x"]
+    with pytest.raises(SandboxError, match="network"):
+        BwrapSandboxBackend(network="bridge")  # type: ignore[arg-type]
+
+
+def test_filling_the_disk_kills_the_sandboxs_processes_and_says_why() -> None:
+    cap = 16 * 2**20
+    backend = BwrapSandboxBackend(disk_bytes=cap)
+    with backend.create(SandboxSpec()) as box:
+        sleep, marker = unique_sleep()
+        # Many files (RLIMIT_FSIZE stops one big file at the cap by itself), then linger.
+        job = box.start(f"for i in $(seq 1000); do head -c 1048576 /dev/zero > f$i; done; {sleep}")
+        assert wait_until(lambda: box.fault is not None, timeout=30)
+        assert "disk cap" in box.fault
+        assert wait_until(lambda: job.poll() is not None and alive(marker) == [])
+        written = sum(p.stat().st_size for p in Path(box.workdir).glob("f*"))
+        assert written < 8 * cap  # stopped within its next check, not at 1000 MiB
+        assert box.exec("echo the grader can still run").exit_code == 0
+
+
+def test_one_file_stops_at_the_disk_cap() -> None:
+    cap = 8 * 2**20
+    with BwrapSandboxBackend(disk_bytes=cap).create(SandboxSpec()) as box:
+        result = box.exec("head -c 100000000 /dev/zero > big")
+        assert result.exit_code != 0  # SIGXFSZ: RLIMIT_FSIZE at the cap
+        assert Path(box.workdir, "big").stat().st_size <= cap
 
 
 def test_create_exec_and_close_stay_cheap() -> None:

@@ -251,3 +251,9 @@ def test_a_pi_episode_with_the_oracle_passes_inside_docker() -> None:
         proxy.stop()
         proxy.engine.close()
         backend.close()
+
+
+def test_an_agent_that_stops_its_container_is_a_fault_not_an_error(box: DockerSandbox) -> None:
+    box.exec("kill -9 1 $(cat /proc/1/task/1/children)")  # init and the sleep that keeps it up
+    box.kill_processes()  # no exception: the agent broke its own episode (harness_error)
+    assert box.fault is not None and "stopped its own container" in box.fault

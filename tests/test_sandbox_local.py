@@ -1,5 +1,6 @@
 """The local sandbox backend, with real processes: exit codes, timeouts that kill whole process
-groups, background jobs, setsid escapees, files, isolation between sandboxes, cleanup."""
+groups, background jobs, setsid escapees, files, isolation between sandboxes, cleanup; and that
+it warns it is not isolated and is never picked for you."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from harness_gym.sandbox import SandboxError, SandboxSpec, load_sandbox
+import harness_gym.sandbox.bwrap as bwrap
+import harness_gym.sandbox.docker as docker
+from harness_gym.sandbox import (
+    SandboxError,
+    SandboxSpec,
+    UnisolatedSandboxWarning,
+    default_sandbox,
+    load_sandbox,
+)
 from harness_gym.sandbox._processes import SANDBOX_MARKER, marked_pids
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
+
+pytestmark = pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning")
 
 
 @pytest.fixture
@@ -203,3 +214,23 @@ def test_a_closed_sandbox_refuses_new_commands() -> None:
     box.close()
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true")
+
+
+@pytest.mark.filterwarnings("default::harness_gym.sandbox.UnisolatedSandboxWarning")
+def test_the_local_backend_warns_that_it_is_not_safe_for_training() -> None:
+    with pytest.warns(UnisolatedSandboxWarning, match="not to train"):
+        load_sandbox("local")
+
+
+def test_local_is_never_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The choice alone, with the probes' answers replaced (the probes have their own tests in
+    # test_sandbox_bwrap.py and test_sandbox_docker.py).
+    monkeypatch.setattr(bwrap, "bwrap_available", lambda network="none": False)
+    monkeypatch.setattr(docker, "docker_unavailable", lambda image="": None)
+    assert default_sandbox() == "docker"
+    monkeypatch.setattr(docker, "docker_unavailable", lambda image="": "no daemon")
+    with pytest.raises(SandboxError) as raised:
+        default_sandbox()
+    said = str(raised.value)
+    assert "apt-get install bubblewrap" in said and "no daemon" in said
+    assert 'sandbox="local"' in said

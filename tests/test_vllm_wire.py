@@ -3,18 +3,28 @@ error wordings, copied from the vLLM 0.33.0 source they name."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness_gym.engines import ContextLengthExceeded, EngineError, SamplingParams
 from harness_gym.engines._vllm_wire import (
     GENERATION_CONFIG_KEYS,
     NEUTRAL_PENALTIES,
+    PromptEncoder,
     RetryElsewhere,
     WeightVersionSpan,
     completion_body,
+    completion_fields,
+    drop_prompt_echo,
+    encode_body,
     error_for,
     parse_chunk,
     policy_version_of,
+    sse_data,
     stream_error,
 )
 
@@ -88,6 +98,64 @@ def test_echo_mode_reads_token_ids_and_wants_one_logprob_each():
     assert chunk.token_ids == [5] and chunk.logprobs == [-0.5]
     with pytest.raises(EngineError, match="logprobs"):
         parse_chunk(_chunk({"token_ids": [5, 6], "logprobs": logprobs}), "echo")
+
+
+_ids = st.lists(st.integers(0, 2**31 - 1), max_size=40)
+
+
+@given(st.lists(st.tuples(st.booleans(), _ids), min_size=1, max_size=8))
+def test_incremental_prompt_json_is_always_the_whole_prompts_json(steps):
+    # Each step either extends the session's last prompt or sends an unrelated one (a fork).
+    encoder, last = PromptEncoder(max_sessions=2), []
+    for extends, ids in steps:
+        prompt = last + ids if extends else ids
+        as_list, encoded = encoder.encode(prompt, "session")
+        assert as_list == prompt and json.loads(encoded) == prompt
+        assert encoded == json.dumps(prompt, separators=(",", ":")).encode()
+        last = prompt
+
+
+def test_a_session_forgotten_by_the_encoder_is_encoded_in_full():
+    encoder = PromptEncoder(max_sessions=1)
+    encoder.encode([1, 2], "a")
+    encoder.encode([9], "b")  # pushes "a" out
+    assert encoder.encode([1, 2, 3], "a") == ([1, 2, 3], b"[1,2,3]")
+    assert encoder.encode([1, 2, 3, 4]) == ([1, 2, 3, 4], b"[1,2,3,4]")  # no key: no cache
+
+
+def test_the_encoded_body_is_the_completion_body():
+    sampling = SamplingParams(max_tokens=7, seed=3)
+    fields = completion_fields("m", sampling, [2], "echo")
+    body = encode_body(fields, PromptEncoder().encode([5, 6, 7])[1])
+    assert json.loads(body) == completion_body("m", [5, 6, 7], sampling, [2], "echo")
+
+
+@pytest.mark.parametrize("text", ['a \\"prompt_token_ids\\":[1,2] b', '"prompt_token_ids":[1]',
+                                  "prompt_token_ids:[3]"])
+def test_the_prompt_echo_is_cut_out_and_nothing_else(text):
+    chunk = _chunk({"text": text, "prompt_token_ids": list(range(100, 400)), "token_ids": [5]})
+    raw = json.dumps(chunk, separators=(",", ":")).encode()
+    cut = json.loads(drop_prompt_echo(raw))
+    assert cut["choices"][0]["prompt_token_ids"] is None
+    chunk["choices"][0]["prompt_token_ids"] = None
+    assert cut == chunk  # the text, with whatever it says, is untouched
+    later = json.dumps(chunk).encode()  # no echo on later chunks
+    assert drop_prompt_echo(later) == later
+
+
+def test_event_stream_data_lines_are_found_across_any_split():
+    stream = b'data: {"a":1}\n\ndata: {"b":[' + b"1," * 5000 + b'2]}\r\n\n: ping\n\ndata: [DONE]'
+
+    async def read(size):
+        async def pieces():
+            for i in range(0, len(stream), size):
+                yield stream[i:i + size]
+        return [d async for d in sse_data(pieces())]
+
+    for size in (1, 7, 4096, len(stream)):
+        got = asyncio.run(read(size))
+        assert got[0] == b'{"a":1}' and got[-1] == b"[DONE]" and len(got) == 3
+        assert json.loads(got[1])["b"][-1] == 2
 
 
 def test_a_usage_chunk_adds_nothing():

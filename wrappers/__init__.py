@@ -10,7 +10,7 @@ flagged, and the recorder sees every column.
 from .drop_infra_errors import DropInfraErrors
 from .group_relative_advantage import GroupRelativeAdvantage, group_advantages
 from .record_traces import RecordTraces
-from .staleness_filter import StalenessFilter
+from .staleness_filter import StalenessFilter, is_stale
 
 __all__ = [
     "DropInfraErrors",
@@ -18,4 +18,5 @@ __all__ = [
     "RecordTraces",
     "StalenessFilter",
     "group_advantages",
+    "is_stale",
 ]

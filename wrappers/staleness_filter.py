@@ -48,11 +48,20 @@ class StalenessFilter(VectorWrapper):
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         current = self.current_version() if callable(self.current_version) else self.current_version
         oldest = infos.get("policy_version_min", [None] * self.num_envs)
-        stale = np.array([v is not None and current - int(v) > self.max_lag for v in oldest],
-                         dtype=np.bool_)
+        stale = np.array([is_stale(current, v, self.max_lag) for v in oldest], dtype=np.bool_)
         set_flag(infos, "stale", stale)
         if "trace" in infos:
             zero_loss_masks(infos, stale)
         if self.mode == "drop":
             set_flag(infos, "drop", stale)
         return obs, rewards, terminations, truncations, infos
+
+
+def is_stale(current: int, oldest: int | None, max_lag: int) -> bool:
+    """Whether weights of version `oldest` (None: no call made) lag `current` by more than
+    `max_lag` updates. The one staleness rule, shared with the asynchronous trainer loop.
+
+        >>> is_stale(5, 3, max_lag=1), is_stale(5, 4, max_lag=1), is_stale(5, None, max_lag=0)
+        (True, False, False)
+    """
+    return oldest is not None and current - int(oldest) > max_lag

@@ -10,7 +10,10 @@ if its request waits for another's to finish. There is no cross-request batching
 batched numerics depend on what else is in the batch (padding, shapes), so the same seed would
 no longer give the same tokens, nor would p_old equal a lone re-score.
 
-A prompt is prefilled in one forward. With SDPA and no explicit mask that takes torch's
+A prompt is prefilled in one forward, after the longest prefix of it that an earlier request
+computed (`PrefixKVCache`): the next call of an episode starts with the previous call's prompt
+and completion, and every episode of a harness with the same system prompt and tools. Each
+request's keys and values are offered to that cache after its prefill and when it ends. With SDPA and no explicit mask that takes torch's
 memory-bounded causal kernel: 25k tokens of the tiny model in ~2.6 s on one core (~1.4 s on two)
 and ~+170 MB, where chunked prefill (which needs an explicit mask) was 2-3x slower and 4x larger
 at 60k tokens, and eager attention took 22 GB. The price: a long prefill pauses the other streams
@@ -24,14 +27,14 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from transformers import DynamicCache
 
 from ._sampling import sample_token
 from .base import EngineError, SamplingParams, TokenChunk
+from .prefix_cache import DEFAULT_MAX_BYTES, PrefixKVCache, cache_kwarg
 
 T = TypeVar("T")
 Deliver = Callable[[TokenChunk | BaseException], object]
@@ -47,11 +50,19 @@ class DecodeRequest:
     stop_token_ids: frozenset[int]
     generator: torch.Generator
     deliver: Deliver
+    # Called on the worker thread when the request is admitted, before its first forward (the
+    # weights it will be served with are fixed from then on: see `DecodeWorker.pause`).
+    on_admit: Callable[[], object] | None = None
     # Written by the consumer's thread, read by the worker; a bool store is atomic under the GIL.
     cancelled: bool = False
     cache: Any = None
     next_input: torch.Tensor | None = None
-    n_generated: int = 0
+    generated: list[int] = field(default_factory=list)
+    fingerprint: int = 0  # the weights' fingerprint at prefill (see prefix_cache)
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.generated)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -61,9 +72,16 @@ class DecodeWorker:
     """Serves `DecodeRequest`s and one-off calls (scoring) on a single daemon thread."""
 
     def __init__(
-        self, model: Any, *, max_context: int, name: str = "policy", num_threads: int | None = None
+        self,
+        model: Any,
+        *,
+        max_context: int,
+        name: str = "policy",
+        num_threads: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._model = model
+        self.prefix_cache = PrefixKVCache(model, max_bytes=prefix_cache_bytes)
         # One core is left to everything else: the event loop that streams each token, the harness
         # CLIs, the tests. OpenMP teams spin at their barriers, so when every core runs one, a
         # descheduled team thread (or the loop's thread holding the GIL) stalls each op. Measured
@@ -76,15 +94,14 @@ class DecodeWorker:
         self._max_context = max_context
         self._device = model.device
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        # transformers 5.x renamed `past_key_values` to `cache`; accept models of either age.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_kwarg = cache_kwarg(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._cond = threading.Condition()
         self._incoming: list[DecodeRequest] = []
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._active: list[DecodeRequest] = []
         self._closed = False
+        self._paused = False
         self._failure: BaseException | None = None
         self.tokens_generated = 0
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
@@ -95,6 +112,11 @@ class DecodeWorker:
     @property
     def active_requests(self) -> int:
         return len(self._active) + len(self._incoming)
+
+    @property
+    def running_requests(self) -> int:
+        """Admitted requests still generating (not those a pause holds back)."""
+        return len(self._active)
 
     def check_open(self) -> None:
         if self._failure is not None:
@@ -120,6 +142,22 @@ class DecodeWorker:
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> Future[list[float]]:
         return self.call(lambda: self._score(prompt_ids, completion_ids))
 
+    def pause(self) -> None:
+        """Admit no new request; the admitted ones run to their end. New requests wait, and
+        `call`s still run, so weights can be swapped between calls, never mid-generation."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no admitted request is running (with `pause`: drained); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._closed or not self._active, timeout)
+
     def close(self, timeout: float | None = None) -> None:
         """Stop after the current step; open streams end with finish_reason "abort"."""
         with self._cond:
@@ -143,13 +181,20 @@ class DecodeWorker:
 
     def _serve_round(self) -> bool:
         with self._cond:
-            while not (self._closed or self._incoming or self._calls or self._active):
+            while not (self._closed or self._calls or self._active
+                       or (self._incoming and not self._paused)):
                 self._cond.wait()
             if self._closed:
                 return False
-            self._active.extend(self._incoming)
-            self._incoming.clear()
+            admitted: list[DecodeRequest] = []
+            if not self._paused:
+                # Under the lock, so a `pause` + `wait_idle` that follows sees them running.
+                admitted, self._incoming = self._incoming, []
+                self._active.extend(admitted)
             calls, self._calls = self._calls, []
+        for request in admitted:
+            if request.on_admit is not None:
+                request.on_admit()
         for fn, future in calls:
             if future.set_running_or_notify_cancel():
                 try:
@@ -157,8 +202,15 @@ class DecodeWorker:
                 except Exception as exc:  # noqa: BLE001 - the caller gets it from the future
                     future.set_exception(exc)
         for request in list(self._active):
-            if request.cancelled or self._step_or_fail(request):
+            if request.cancelled:
+                if request.cache is not None:  # what it computed still serves a retry
+                    self._offer(request, request.prompt_ids + request.generated[:-1])
                 self._active.remove(request)
+            elif self._step_or_fail(request):
+                self._active.remove(request)
+        if not self._active:
+            with self._cond:
+                self._cond.notify_all()  # for wait_idle
         return True
 
     def _shutdown(self) -> None:
@@ -193,20 +245,24 @@ class DecodeWorker:
             return True
 
     def _step(self, request: DecodeRequest) -> bool:
-        if request.cache is None:
+        prefill = request.cache is None
+        if prefill:
             inputs = torch.tensor([request.prompt_ids], dtype=torch.long)
             problem = self._invalid_ids(inputs)
             if problem:
                 self._send(request, ValueError(f"prompt_ids {problem}"))
                 return True
-            request.cache = DynamicCache(config=self._model.config)
-            inputs = inputs.to(self._device)
+            request.fingerprint = self.prefix_cache.fingerprint()
+            request.cache, reused = self.prefix_cache.restore(request.prompt_ids)
+            inputs = inputs[:, reused:].to(self._device)
         else:
             assert request.next_input is not None
             inputs = request.next_input
         logits = self._last_logits(inputs, request.cache)
+        if prefill:
+            self._offer(request, request.prompt_ids)
         token, logprob = sample_token(logits, request.sampling, request.generator)
-        request.n_generated += 1
+        request.generated.append(token)
         self.tokens_generated += 1
         finish: Any = None
         if token in request.stop_token_ids:
@@ -218,9 +274,14 @@ class DecodeWorker:
             finish = "length"
         self._send(request, TokenChunk([token], [logprob], finish))
         if finish is not None:
+            # The cache holds every token but the last sampled one (never run through the model).
+            self._offer(request, request.prompt_ids + request.generated[:-1])
             return True
         request.next_input = torch.tensor([[token]], dtype=torch.long, device=self._device)
         return False
+
+    def _offer(self, request: DecodeRequest, ids: list[int]) -> None:
+        self.prefix_cache.add(ids, request.cache, fingerprint=request.fingerprint)
 
     def _last_logits(self, inputs: torch.Tensor, cache: Any) -> torch.Tensor:
         kwargs: dict[str, Any] = {self._cache_kwarg: cache, "use_cache": True}

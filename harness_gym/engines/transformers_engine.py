@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ._decode_worker import DecodeRequest, DecodeWorker
+from .prefix_cache import DEFAULT_MAX_BYTES
 from .base import (
     NO_CONTEXT,
     ContextLengthExceeded,
@@ -27,6 +28,7 @@ from .base import (
     SamplingParams,
     TokenChunk,
 )
+from .weight_updates import LabelledStream, ServedVersion, WeightUpdateError, copy_named_weights
 
 
 class TransformersEngine(Engine):
@@ -38,6 +40,12 @@ class TransformersEngine(Engine):
 
     `num_threads` is the worker's CPU threads (default: all cores but one, so the event loop and
     the harness processes keep a core; see `_decode_worker` for the measurements).
+
+    Prompts reuse the keys and values of the longest prefix an earlier request computed
+    (`prefix_cache_bytes` bounds them; 0 turns it off; see `prefix_cache`): an agent's next call
+    runs only its new tokens, and episodes share their system prompt's. Entries computed under
+    other weights are never reused; `clear_prefix_cache()` is only needed after writes through
+    `param.data`, which torch does not track.
 
     >>> import asyncio
     >>> from harness_gym.engines import SamplingParams, load_engine
@@ -60,6 +68,7 @@ class TransformersEngine(Engine):
         stop_token_ids: Iterable[int] = (),
         num_threads: int | None = None,
         tokenizer_source: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.model = model.eval()
         self._tokenizer = tokenizer
@@ -68,8 +77,12 @@ class TransformersEngine(Engine):
         self.max_context = int(max_context or _config_max_context(model.config))
         self.stop_token_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
         self._worker = DecodeWorker(
-            model, max_context=self.max_context, name=model_name, num_threads=num_threads
+            model, max_context=self.max_context, name=model_name, num_threads=num_threads,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
+        # The version of the loaded weights, once `load_weights` has named one (see
+        # `weight_updates`); each stream reports it as its `policy_version`.
+        self.weights_version: int | None = None
 
     @classmethod
     def from_pretrained(
@@ -82,6 +95,7 @@ class TransformersEngine(Engine):
         device: str | torch.device = "cpu",
         num_threads: int | None = None,
         tokenizer_source: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> TransformersEngine:
         """Load a local model directory (never the network). Stop tokens: the generation
         config's and tokenizer's EOS, plus `<|im_end|>` when the vocabulary has it."""
@@ -105,6 +119,7 @@ class TransformersEngine(Engine):
             stop_token_ids=default_stop_token_ids(model, tokenizer),
             num_threads=num_threads,
             tokenizer_source=tokenizer_source or str(directory),
+            prefix_cache_bytes=prefix_cache_bytes,
         )
 
     @property
@@ -121,6 +136,16 @@ class TransformersEngine(Engine):
         """Tokens sampled since the engine started, all streams together."""
         return self._worker.tokens_generated
 
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Prompts started (`lookups`), those that reused a cached prefix (`hits`), prompt tokens
+        reused (`reused_tokens`) and run through the model (`computed_tokens`)."""
+        return self._worker.prefix_cache.stats.as_dict()
+
+    def clear_prefix_cache(self) -> None:
+        """Drop every cached prefix (after the next round of the worker)."""
+        self._worker.call(self._worker.prefix_cache.clear).result()
+
     def stream(
         self,
         prompt_ids: Sequence[int],
@@ -134,10 +159,11 @@ class TransformersEngine(Engine):
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
         self.check_fits(len(prompt))
         self._worker.check_open()
-        return self._stream(prompt, sampling)
+        label = ServedVersion()
+        return LabelledStream(self._stream(prompt, sampling, label), label)
 
     async def _stream(
-        self, prompt: list[int], sampling: SamplingParams
+        self, prompt: list[int], sampling: SamplingParams, label: ServedVersion
     ) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
@@ -147,6 +173,7 @@ class TransformersEngine(Engine):
             stop_token_ids=frozenset(self.stop_token_ids).union(sampling.stop_token_ids),
             generator=_generator(sampling.seed),
             deliver=lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
+            on_admit=lambda: setattr(label, "value", self.weights_version),
         )
         self._worker.submit(request)
         try:
@@ -178,6 +205,34 @@ class TransformersEngine(Engine):
         if len(prompt) + len(completion) > self.max_context:
             raise ContextLengthExceeded(len(prompt) + len(completion), self.max_context)
         return self._worker.score(prompt, completion)
+
+    # -- weight updates (see `weight_updates`) --------------------------------------------------
+
+    def pause(self, timeout: float | None = None) -> None:
+        """Start no new generation and wait for the running ones to end (blocking). Calls made
+        meanwhile wait and start after `resume()`. Raises `EngineError` (resumed) on timeout."""
+        self._worker.pause()
+        if not self._worker.wait_idle(timeout):
+            self._worker.resume()
+            raise EngineError(f"the engine was still generating {timeout}s after pause()")
+
+    def resume(self) -> None:
+        self._worker.resume()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Copy `(name, tensor)` pairs into the model between `pause()` and `resume()`, on the
+        decode thread, and label them `version` (also the engine's `policy_version`). Answers
+        how many tensors were copied. Blocks."""
+        received = list(weights)  # on the caller's thread: the iterator may gather shards
+
+        def load() -> int:
+            if self._worker.running_requests:
+                raise WeightUpdateError("load_weights while generations run: pause() first")
+            n = copy_named_weights(self.model, received)
+            self.weights_version = self.policy_version = int(version)
+            return n
+
+        return self._worker.call(load).result()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the worker thread (blocking). Open streams end with finish_reason "abort"."""

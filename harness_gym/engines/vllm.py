@@ -3,15 +3,19 @@
 Spec: `vllm:URL` or `vllm:URL1,URL2,...`, with options after a `?`:
 `vllm:http://gpu0:8000,http://gpu1:8000?tokenizer=/models/qwen`. Options: `tokenizer` (a local
 model/tokenizer directory, or `tiny` / `smollm2`), `model` (the served model name to request),
-`max_context`, `ids_from` (`logprobs` | `echo`), `verify_logprobs` (`1` | `0`),
-`health_period` (seconds).
+`max_context`, `ids_from` (`logprobs` | `echo`), `verify_logprobs` (`warn` | `strict` |
+`off`), `health_period` (seconds).
 
 Wire (vLLM 0.33, `POST /v1/completions`, see `_vllm_wire.py`): the prompt goes in as token ids;
 `logprobs: 0` returns each sampled token's logprob, and with `return_tokens_as_token_ids` its id
 as `logprobs.tokens[i] == "token_id:N"` (`ids_from="logprobs"`, the default), or with
 `return_token_ids` in `choices[0].token_ids`, at the price of an echo of the whole prompt on the
-first chunk (`ids_from="echo"`). Either way the ids the trace records are the server's, never
-re-tokenized. Every request sends neutral `repetition_penalty`, `presence_penalty`,
+first chunk (`ids_from="echo"`; the echo is cut out of the chunk unparsed). Either way the ids
+the trace records are the server's, never re-tokenized. The admission probe (below) tells
+whether a server honours `return_tokens_as_token_ids`; one that does not (its logprobs tokens
+are text) is read with `echo` instead, which a warning says once per server
+(`server_ids_from`). The prompt's JSON is kept per session and extended with each call's new
+ids (`PromptEncoder`), so a call's cost does not grow with the episode. Every request sends neutral `repetition_penalty`, `presence_penalty`,
 `frequency_penalty` and `min_p` (and the temperature, top-p, top-k and `skip_special_tokens` it
 wants): vLLM fills whatever a request leaves out from the model's `generation_config.json`.
 
@@ -20,9 +24,12 @@ Serve with:
 - `--logprobs-mode processed_logprobs` (required for RL; `trl vllm-serve` sets it). vLLM's
   default reports logprobs of the raw distribution (T=1, before top-k/top-p); the trainer's
   importance ratio p_new / p_old needs p_old under the distribution the token was drawn from.
-  The engine checks it (`verify_logprobs`, default on): when a server comes into service it
-  samples a few tokens with `top_k=1`, where processed logprobs are exactly 0.0; a server that
-  answers otherwise fails the constructor (or, if it came up later, stays out of service).
+  The engine checks it: when a server comes into service it samples a few tokens with
+  `top_k=1`, where processed logprobs are exactly 0.0, and records what it found in
+  `logprobs_mode`. A server that answers otherwise gets a loud warning (`verify_logprobs=
+  "warn"`, the default), or fails the constructor (or, if it came up later, stays out of
+  service) under `verify_logprobs="strict"`, the setting for training runs; `"off"` accepts
+  it silently.
 - `VLLM_SERVER_DEV_MODE=1` if the trainer labels weight versions (below).
 - `--max-model-len` sets the context this engine reads from `GET /v1/models`.
 
@@ -60,7 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -68,25 +75,33 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
+import orjson
 
 from ._vllm_admin import (
     PROBE_REQUEST_ID,
+    VERIFY_LOGPROBS,
+    ServerCapabilities,
+    VerifyLogprobs,
     VLLMConfigError,
     alabel_weights,
+    check_processed,
     label_weights,
-    probe_logprobs_mode,
-    require_processed,
+    probe_server,
 )
 from ._vllm_servers import HashRing, ServerPool
 from ._vllm_wire import (
     IDS_FROM,
     IdsFrom,
+    PromptEncoder,
     RetryElsewhere,
     WeightVersionSpan,
-    completion_body,
+    completion_fields,
+    drop_prompt_echo,
+    encode_body,
     error_for,
     parse_chunk,
     policy_version_of,
+    sse_data,
     stream_error,
 )
 from .base import (
@@ -99,6 +114,10 @@ from .base import (
 )
 
 CLOSE_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 0.5
+_JSON = {"content-type": "application/json"}
+
+log = logging.getLogger(__name__)
 
 
 class VLLMEngine(Engine):
@@ -123,7 +142,7 @@ class VLLMEngine(Engine):
         max_context: int | None = None,
         stop_token_ids: Iterable[int] | None = None,
         ids_from: IdsFrom = "logprobs",
-        verify_logprobs: bool = True,
+        verify_logprobs: VerifyLogprobs | bool = "warn",
         health_period_s: float = 5.0,
         max_attempts: int = 4,
         backoff_s: float = 0.1,
@@ -133,6 +152,12 @@ class VLLMEngine(Engine):
     ) -> None:
         if ids_from not in IDS_FROM:
             raise ValueError(f"ids_from must be one of {IDS_FROM}, got {ids_from!r}")
+        if isinstance(verify_logprobs, bool):  # the old on/off switch
+            verify_logprobs = "warn" if verify_logprobs else "off"
+        if verify_logprobs not in VERIFY_LOGPROBS:
+            raise ValueError(f"verify_logprobs must be one of {VERIFY_LOGPROBS}, "
+                             f"got {verify_logprobs!r}")
+        self.verify_logprobs: VerifyLogprobs = verify_logprobs
         self.urls = _normalise_urls(urls)
         self.ids_from: IdsFrom = ids_from
         self.max_attempts = max(1, int(max_attempts))
@@ -160,9 +185,15 @@ class VLLMEngine(Engine):
         )
         #: What each server's probe found: "processed_logprobs", or what it saw instead.
         self.logprobs_mode: dict[str, str] = {}
+        #: How each admitted server's sampled ids are read: `ids_from`, or "echo" for a server
+        #: that ignores `return_tokens_as_token_ids` (found by the probe, said once in the log).
+        self.server_ids_from: dict[str, IdsFrom] = {}
+        self._prompts = PromptEncoder()
+        # The probe learns two things; with the echo asked for and no check, neither is needed.
+        probe = not (verify_logprobs == "off" and ids_from == "echo")
         self.servers = ServerPool(
-            self.urls, admit=self._check_logprobs_mode if verify_logprobs else None,
-            period_s=health_period_s, timeout_s=min(connect_timeout_s, 5.0),
+            self.urls, admit=self._admit if probe else None, period_s=health_period_s,
+            timeout_s=min(connect_timeout_s, 5.0),
         )
         self.servers.check(raise_for=(VLLMConfigError,))
 
@@ -184,22 +215,36 @@ class VLLMEngine(Engine):
         sampling: SamplingParams,
         context: RequestContext = NO_CONTEXT,
     ) -> VLLMStream:
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
+        if not isinstance(prompt_ids, list):  # e.g. a numpy array: compared id by id below
+            prompt_ids = list(prompt_ids)
+        if not prompt_ids:
             raise ValueError("prompt_ids is empty: a completion needs at least one prompt token")
-        self.check_fits(len(prompt))
+        self.check_fits(len(prompt_ids))
         self.servers.start()
-        return VLLMStream(self, self.request_body(prompt, sampling),
+        _, prompt_json = self._prompts.encode(prompt_ids, context.routing_key)
+        return VLLMStream(self, prompt_json, len(prompt_ids), sampling,
                           self.servers.order(context.routing_key))
 
-    def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
+    def request_body(
+        self, prompt: list[int], sampling: SamplingParams, ids_from: IdsFrom | None = None
+    ) -> dict[str, Any]:
         """The `/v1/completions` JSON for a token prompt. `max_tokens` is cut to what the
         context leaves, as vLLM would (so a misjudged `max_tokens` never costs a 400)."""
-        fits = min(sampling.max_tokens, self.max_context - len(prompt))
+        return {"prompt": prompt, **self._request_fields(len(prompt), sampling,
+                                                         ids_from or self.ids_from)}
+
+    def _request_fields(
+        self, prompt_len: int, sampling: SamplingParams, ids_from: IdsFrom
+    ) -> dict[str, Any]:
+        fits = min(sampling.max_tokens, self.max_context - prompt_len)
         if fits != sampling.max_tokens:
             sampling = dataclasses.replace(sampling, max_tokens=fits)
         stops = sorted({*self.stop_token_ids, *sampling.stop_token_ids})
-        return completion_body(self.model_name, prompt, sampling, stops, self.ids_from)
+        return completion_fields(self.model_name, sampling, stops, ids_from)
+
+    def ids_from_for(self, url: str) -> IdsFrom:
+        """How the sampled ids of `url` are read (its probe may have switched it to "echo")."""
+        return self.server_ids_from.get(url, self.ids_from)
 
     # -- weight versions ------------------------------------------------------------------
 
@@ -219,11 +264,26 @@ class VLLMEngine(Engine):
 
     # -- server checks --------------------------------------------------------------------
 
-    def _check_logprobs_mode(self, url: str) -> None:
+    def _admit(self, url: str) -> None:
+        """Probe a server coming into service: how it sends ids back, and its logprobs mode
+        (checked as `verify_logprobs` says)."""
         prompt = self._tokenizer.encode("The logprobs of this probe", add_special_tokens=False)
-        self.logprobs_mode[url] = probe_logprobs_mode(
-            url, self.model_name, prompt or [self.stop_token_ids[0]], self._timeout)
-        require_processed(url, self.logprobs_mode[url])
+        found = probe_server(url, self.model_name, prompt or [self.stop_token_ids[0]],
+                             self._timeout)
+        self.logprobs_mode[url] = found.logprobs_mode
+        self._negotiate_ids(url, found)
+        check_processed(url, found.logprobs_mode, self.verify_logprobs)
+
+    def _negotiate_ids(self, url: str, found: ServerCapabilities) -> None:
+        wanted = self.ids_from
+        if wanted == "logprobs" and not found.token_ids_in_logprobs:
+            wanted = "echo"
+            if self.server_ids_from.get(url) != "echo":
+                log.warning(
+                    "vLLM at %s ignores return_tokens_as_token_ids (its logprobs tokens read "
+                    "%r, not 'token_id:N'): reading its sampled ids from return_token_ids "
+                    "(ids_from=echo) instead", url, list(found.sample_tokens))
+        self.server_ids_from[url] = wanted
 
     def _probe_models(self) -> dict[str, Any]:
         errors = []
@@ -285,9 +345,19 @@ class VLLMStream:
     """One streamed completion (an async iterator of `TokenChunk`). `server` is known once the
     first chunk has arrived; `weight_versions` and `policy_version` once the stream ended."""
 
-    def __init__(self, engine: VLLMEngine, body: dict[str, Any], order: list[str]) -> None:
+    def __init__(
+        self,
+        engine: VLLMEngine,
+        prompt_json: bytes,
+        prompt_len: int,
+        sampling: SamplingParams,
+        order: list[str],
+    ) -> None:
         self._engine = engine
-        self._body = body
+        self._prompt_json = prompt_json
+        self._prompt_len = prompt_len
+        self._sampling = sampling
+        self._bodies: dict[IdsFrom, bytes] = {}
         self._order = order
         self._inner = self._run()
         self.server: str | None = None
@@ -315,15 +385,17 @@ class VLLMStream:
             url = self._order[attempt % len(self._order)]
             if attempt and attempt % len(self._order) == 0:  # a full pass failed: back off
                 await asyncio.sleep(engine.backoff_s * 2 ** (attempt // len(self._order) - 1))
+            ids_from = engine.ids_from_for(url)
             try:
                 async with engine._client().stream(
-                    "POST", f"{url}/v1/completions", json=self._body
+                    "POST", f"{url}/v1/completions", content=self._body(ids_from),
+                    headers=_JSON,
                 ) as response:
                     if response.status_code != 200:
                         body = (await response.aread()).decode(errors="replace")
-                        raise error_for(response.status_code, body, url, len(self._body["prompt"]))
+                        raise error_for(response.status_code, body, url, self._prompt_len)
                     self.server = url
-                    async for chunk in self._chunks(response, url):
+                    async for chunk in self._chunks(response, url, ids_from):
                         started = True
                         yield chunk
                     return
@@ -339,17 +411,25 @@ class VLLMStream:
             f"vLLM request failed after {engine.max_attempts} attempts: " + "; ".join(self.attempts)
         )
 
-    async def _chunks(self, response: httpx.Response, url: str) -> AsyncIterator[TokenChunk]:
-        ids_from = self._engine.ids_from
+    def _body(self, ids_from: IdsFrom) -> bytes:
+        body = self._bodies.get(ids_from)
+        if body is None:
+            fields = self._engine._request_fields(self._prompt_len, self._sampling, ids_from)
+            body = self._bodies[ids_from] = encode_body(fields, self._prompt_json)
+        return body
+
+    async def _chunks(
+        self, response: httpx.Response, url: str, ids_from: IdsFrom
+    ) -> AsyncIterator[TokenChunk]:
         yielded = False
+        events = sse_data(response.aiter_bytes())
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for data in events:
+                if data == b"[DONE]":
                     break
-                payload = json.loads(data)
+                if ids_from == "echo" and not yielded:
+                    data = drop_prompt_echo(data)  # the prompt we sent, ~30k ids
+                payload = orjson.loads(data)
                 if "error" in payload:
                     error = stream_error(payload, url)
                     if yielded and isinstance(error, RetryElsewhere):
@@ -361,6 +441,8 @@ class VLLMStream:
                 chunk, spans = parsed
                 if spans is not None:
                     self.weight_versions = spans
+                if chunk.finish_reason is not None:
+                    await _read_to_end(events)
                 if chunk.token_ids or chunk.finish_reason is not None:
                     yielded = True
                     yield chunk
@@ -370,9 +452,22 @@ class VLLMStream:
             if not yielded:
                 raise RetryElsewhere(f"the stream broke before any token: {exc!r}") from exc
             raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
-        except json.JSONDecodeError as exc:
+        except orjson.JSONDecodeError as exc:
             raise EngineError(f"the vLLM stream from {url} sent invalid JSON: {exc}") from exc
         raise EngineError(f"the vLLM stream from {url} ended without a finish_reason")
+
+
+async def _read_to_end(events: AsyncIterator[bytes]) -> None:
+    """Read what follows the finishing chunk (`data: [DONE]`, a usage chunk) before handing it
+    on: a response closed unread takes its connection with it, and every call then paid for
+    a new TCP connection (measured: the largest single cost of a call through the proxy). A
+    server that keeps the stream open longer than `DRAIN_TIMEOUT_S` loses the connection."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in events:
+                pass
+    except (TimeoutError, httpx.TransportError):
+        pass
 
 
 def _normalise_urls(urls: str | Sequence[str]) -> list[str]:
@@ -426,6 +521,8 @@ def _default_stop_token_ids(tokenizer: Any) -> list[int]:
     return stops
 
 
+_VERIFY_WORDS: dict[str, VerifyLogprobs] = {
+    "1": "warn", "true": "warn", "yes": "warn", "0": "off", "false": "off", "no": "off"}
 _OPTIONS = ("tokenizer", "model", "max_context", "ids_from", "verify_logprobs", "health_period")
 
 
@@ -443,7 +540,8 @@ def load_vllm_engine(arg: str) -> VLLMEngine:
     if "ids_from" in options:
         kwargs["ids_from"] = options["ids_from"]
     if "verify_logprobs" in options:
-        kwargs["verify_logprobs"] = options["verify_logprobs"].lower() not in ("0", "false", "no")
+        kwargs["verify_logprobs"] = _VERIFY_WORDS.get(options["verify_logprobs"].lower(),
+                                                      options["verify_logprobs"])
     if "health_period" in options:
         kwargs["health_period_s"] = float(options["health_period"])
     return VLLMEngine(

@@ -34,6 +34,8 @@ segment with the most sampled tokens (`loss_mask` 1); the other segments are lef
 loss (`n_segments` says how many there were). A rollout with no agent segment (the CLI failed
 before its first call, an infra error) becomes a one-token placeholder with `env_mask` 0, so it
 still has its reward (for the group's baseline) and adds nothing to the gradient.
+That limit is `GRPOTrainer`'s contract (one row per prompt); the asynchronous path
+(`integrations/async_grpo.py`, one sample per segment) has none.
 
 Where the policy runs:
 
@@ -48,6 +50,9 @@ Where the policy runs:
   trace's p_old.
 - any other engine spec or `Engine` object is passed to the env unchanged (its weights are then
   the caller's business).
+- `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.ray_cluster`; an async trainer
+  passes the same value through) runs the episodes on a Ray cluster: the engine must then be a
+  spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded here.
 
 How TRL uses p_old (`logprobs`): without vLLM it does not put them in the loss. Its "old" logprobs
 are its own re-computation with the trainer's model (only when generation and optimisation steps
@@ -67,8 +72,10 @@ from typing import Any, Self
 import numpy as np
 
 from ..config import EpisodeConfig
-from ..engines import Engine
+from ..engines import Engine, load_engine
 from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
+from ..executors import ExecutorSpec, executor_factory
+from ..ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
@@ -86,6 +93,7 @@ def make_rollout_func(
     *,
     max_tokens: int | None = None,
     config: EpisodeConfig | None = None,
+    executor: ExecutorSpec = "threads",
     **settings: Any,
 ) -> HarnessRolloutFunc:
     """A `rollout_func` for `GRPOTrainer` that runs one harness episode per prompt row.
@@ -95,7 +103,8 @@ def make_rollout_func(
     model call of an episode (default: `trainer.args.max_completion_length`). Every other
     keyword is an episode setting of `EpisodeConfig` (`sandbox`, `reward`, `episode_timeout_s`,
     `test_timeout_s`, `context_overflow`, `progress`, ...), or pass `config=`; sampling comes
-    from the trainer's arguments. `harness` defaults to the config's (Pi).
+    from the trainer's arguments. `harness` defaults to the config's (Pi). `executor` is where
+    the episodes run, as `make_vec` takes it ("threads", "ray", a `RayCluster`).
     """
     given = {"progress": False} if config is None else {}
     given.update(settings)
@@ -106,6 +115,7 @@ def make_rollout_func(
     return HarnessRolloutFunc(
         EpisodeConfig.build(config, **given), tasks=tasks,
         group_size=group_size, max_tokens=max_tokens, use_trainer_model=engine is None,
+        executor=executor,
     )
 
 
@@ -126,9 +136,14 @@ class HarnessRolloutFunc:
         group_size: int | None,
         max_tokens: int | None,
         use_trainer_model: bool,
+        executor: ExecutorSpec = "threads",
     ) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be positive, got {group_size}")
+        self.executor = executor_factory(executor)
+        if use_trainer_model and isinstance(self.executor, RayCluster):
+            raise ValueError("the trainer's in-process model cannot serve episodes on other "
+                             "machines: with a Ray executor give engine='vllm:URL'")
         self.config = config
         self.tasks = load_tasks(tasks)
         self.group_size = group_size
@@ -137,9 +152,16 @@ class HarnessRolloutFunc:
         self._by_id = {t.instance_id: t for t in self.tasks}
         self._by_statement = {t.problem_statement.strip(): t for t in self.tasks}
         self._engine: Engine | None = None  # the in-process engine we built, if any
+        self._local_copy: Engine | None = None  # the engine spec loaded here (Ray: placeholders)
         self._envs: dict[tuple[int, int], Any] = {}
         self._callback_added: set[int] = set()
         self.last_infos: dict[str, Any] | None = None  # the latest step's batched infos
+
+    @property
+    def engine(self) -> Engine | None:
+        """The in-process engine serving the rollouts (its `prefix_cache_stats`, ...), once the
+        first call built it; None with an engine spec."""
+        return self._engine
 
     # --- the rollout ----------------------------------------------------------------------
 
@@ -149,9 +171,15 @@ class HarnessRolloutFunc:
         self._close_at_train_end(trainer)
         model = _unwrap(trainer)
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
-        engine = envs.unwrapped.engine  # the Engine object, whichever way it was given
         version = int(trainer.state.global_step)
-        tag_policy_version(engine, version, trainer)
+        try:
+            engine: Engine | None = envs.unwrapped.engine  # the Engine, whichever way given
+        except AttributeError:  # a Ray executor: every node loaded its own
+            engine = None
+        # On Ray the step's action carries the version to every node; a local copy of the
+        # engine spec labels a shared vLLM server after TRL's sync, as the env's engine would.
+        tag_policy_version(engine if engine is not None else self._local_engine(), version,
+                           trainer)
         envs.reset(options={"task_ids": [t.instance_id for t in tasks[::group]]})
         training = model.training if model is not None else False
         if model is not None and self._engine is not None:
@@ -182,7 +210,7 @@ class HarnessRolloutFunc:
         return task
 
     def _rows(self, tasks: list[Task], rewards: np.ndarray, infos: dict[str, Any],
-              engine: Engine) -> dict[str, list[Any]]:
+              engine: Engine | None) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {k: [] for k in (
             "prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "outcome",
             "task_id", "n_tool_calls", "policy_version", "n_segments")}
@@ -190,7 +218,7 @@ class HarnessRolloutFunc:
             trace = list(infos["trace"][i] or [])
             segment = training_segment(trace)
             if segment is None:
-                segment = placeholder_segment(engine, task)
+                segment = placeholder_segment(engine or self._local_engine(), task)
             out["prompt_ids"].append(list(segment["prompt_ids"]))
             out["completion_ids"].append(list(segment["response_ids"]))
             out["logprobs"].append([float(x) for x in segment["response_logprobs"]])
@@ -237,6 +265,11 @@ class HarnessRolloutFunc:
             model.train(training)  # TransformersEngine put it in eval mode
         return self._engine
 
+    def _local_engine(self) -> Engine:
+        if self._local_copy is None:
+            self._local_copy = load_engine(self.config.engine)
+        return self._local_copy
+
     def _env(self, num_envs: int, group: int, engine: Engine | str, trainer: Any) -> Any:
         import gymnasium as gym
 
@@ -255,7 +288,7 @@ class HarnessRolloutFunc:
                 sampling["top_k"] = int(args.top_k)
             self._envs[key] = gym.make_vec(
                 "HarnessSWE-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                group_size=group, tasks=self.tasks,
+                group_size=group, tasks=self.tasks, executor=self.executor,
                 config=self.config.replace(engine=engine, sampling=sampling))
         return self._envs[key]
 
@@ -281,9 +314,10 @@ class HarnessRolloutFunc:
     def close(self) -> None:
         """Close the envs (CLIs, sandboxes, proxies) and the in-process engine. Idempotent."""
         self._close_envs()
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
+        engines, self._engine, self._local_copy = (self._engine, self._local_copy), None, None
+        for engine in engines:
+            if engine is not None:
+                engine.close()
 
     def __enter__(self) -> Self:
         return self

@@ -2,7 +2,8 @@
 
 - `StopStrings`: the client's stop strings end the answer, also when one spans two deltas.
 - `AnswerText`: token chunks -> text deltas (incremental detokenizing, cut at a stop string).
-- `ParsedAnswer`: text deltas -> `TextDelta` / `ToolCallDone` events, and the `AssistantTurn`
+- `ParsedAnswer`: text deltas -> `ReasoningDelta` / `ReasoningDone` (`reasoning`), `TextDelta` /
+  `ToolCallDone` events, and the `AssistantTurn`
   they add up to (the turn the trace records and the bridge later recognises).
 
 Each is synchronous and testable alone; `model_call.PreparedCall.events` only wires them to the
@@ -18,6 +19,7 @@ from ..engines.base import FinishReason, TokenChunk
 from .canonical import AssistantTurn, ToolCall
 from .detokenize import IncrementalDetokenizer
 from .events import ParseEvent, TextDelta, ToolCallDone
+from .reasoning import Piece, ThinkSplitter
 from .tool_parsers import ToolCallParser
 
 
@@ -64,10 +66,17 @@ class AnswerText:
 
 
 class ParsedAnswer:
-    """Tool-call parsing of the streamed text, and the turn the events add up to."""
+    """Reasoning split off (where the policy thinks), tool-call parsing of the rest of the
+    streamed text, and the turn the events add up to."""
 
-    def __init__(self, parser: ToolCallParser, max_tool_calls: int | None = None) -> None:
+    def __init__(
+        self,
+        parser: ToolCallParser,
+        max_tool_calls: int | None = None,
+        reasoning: ThinkSplitter | None = None,
+    ) -> None:
         self._parser = parser
+        self._reasoning = reasoning
         self._text: list[str] = []
         self._calls: list[ToolCall] = []
         self._max_calls = max_tool_calls
@@ -79,10 +88,22 @@ class ParsedAnswer:
         return bool(self._max_calls) and len(self._calls) >= self._max_calls
 
     def feed(self, text: str) -> list[ParseEvent]:
-        return self._collect(self._parser.feed(text))
+        if self._reasoning is None:
+            return self._collect(self._parser.feed(text))
+        return self._collect(self._parse(self._reasoning.feed(text)))
 
     def finish(self) -> list[ParseEvent]:
-        return self._collect(self._parser.finish())
+        events = [] if self._reasoning is None else self._parse(self._reasoning.finish())
+        return self._collect(events + self._parser.finish())
+
+    def _parse(self, pieces: list[Piece]) -> list[ParseEvent]:
+        events: list[ParseEvent] = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                events.extend(self._parser.feed(piece))
+            else:
+                events.append(piece)
+        return events
 
     def turn(self, finish_reason: FinishReason) -> AssistantTurn:
         calls = tuple(self._calls)
@@ -90,6 +111,7 @@ class ParsedAnswer:
             content="".join(self._text),
             tool_calls=calls,
             finish_reason="tool_calls" if calls and finish_reason == "stop" else finish_reason,
+            reasoning="" if self._reasoning is None else self._reasoning.text,
         )
 
     def _collect(self, events: list[ParseEvent]) -> list[ParseEvent]:

@@ -1,9 +1,10 @@
 """Anthropic Messages: request -> canonical, the model's events -> message JSON or SSE events.
 
 Claude Code's quirks (harnesses/): a `role: "system"` message inside `messages`,
-`thinking` blocks echoed back, `cache_control` on every other block, `context_management`,
-`output_config` and beta headers; it always streams, and it compacts its history only when a
-400 says `prompt is too long: N tokens > M maximum`.
+`thinking` blocks echoed back (ours carry a signature the bridge checks: `reasoning`),
+`cache_control` on every other block, `context_management`, `output_config` and beta headers;
+it always streams, and it compacts its history only when a 400 says
+`prompt is too long: N tokens > M maximum`.
 
 Tool results become canonical `tool` messages, one per `tool_result` block and in order; text
 blocks sent beside them follow as one user message. The answer's tool ids are `toolu_...`; the
@@ -17,9 +18,16 @@ from typing import Any
 
 import orjson
 
-from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
+from .canonical import ChatRequest, Message, ReasoningPart, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
-from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
+from .events import (
+    AnswerEvent,
+    CallFinished,
+    ReasoningDelta,
+    ReasoningDone,
+    TextDelta,
+    ToolCallDone,
+)
 from .images import ImagePart, Part, parts_with_images, text_with_placeholders
 from .tool_choice import anthropic_tool_choice
 from .wire import field, number_in
@@ -85,6 +93,7 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
     texts: list[Part] = []
     calls: list[ToolCall] = []
     results: list[Message] = []
+    reasoning: list[ReasoningPart] = []
     for j, block in enumerate(content):
         where = f"{param}.content[{j}]"
         if isinstance(block, str):  # lenient: a bare string is a text block
@@ -95,8 +104,17 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
         kind = field(block, "type", str, f"{where}.type", required=True)
         if kind == "text":
             texts.append(field(block, "text", str, f"{where}.text", required=True))
+        elif kind == "thinking" and role == "assistant":
+            reasoning.append(ReasoningPart(
+                field(block, "thinking", str, f"{where}.thinking", default=""),
+                field(block, "signature", str, f"{where}.signature", default="")))
+        elif kind == "redacted_thinking" and role == "assistant":
+            # We never redact: such a block in a turn of ours is an alteration (its empty
+            # signature never verifies).
+            reasoning.append(ReasoningPart(
+                field(block, "data", str, f"{where}.data", default=""), ""))
         elif kind in ("thinking", "redacted_thinking"):
-            continue  # the policy's reasoning is not part of the prompt it is shown again
+            continue
         elif kind == "tool_use" and role == "assistant":
             calls.append(
                 ToolCall(
@@ -124,7 +142,7 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
                           "message", f"{where}.type")
     text = text_with_placeholders(texts)
     if role == "assistant":
-        return [Message("assistant", text, tuple(calls))]
+        return [Message("assistant", text, tuple(calls), reasoning=tuple(reasoning))]
     user = Message("user", text, parts=parts_with_images(texts))
     if results:
         return results + ([user] if texts else [])
@@ -243,6 +261,7 @@ class MessageWriter:
         self.prompt_tokens = prompt_tokens
         self.blocks: list[dict[str, Any]] = []
         self._text_open = False
+        self._thinking_open = False
         self._done: CallFinished | None = None
 
     def _usage(self, output_tokens: int) -> dict[str, int]:
@@ -258,6 +277,8 @@ class MessageWriter:
         )
 
     def feed(self, event: AnswerEvent) -> bytes:
+        if isinstance(event, (ReasoningDelta, ReasoningDone)):
+            return self._thinking(event)
         if isinstance(event, TextDelta):
             if not event.text:
                 return b""
@@ -296,6 +317,33 @@ class MessageWriter:
             "delta": {"stop_reason": self._stop_reason(), "stop_sequence": event.stop_sequence},
             "usage": {"output_tokens": event.completion_tokens},
         }) + _sse("message_stop", {"type": "message_stop"})
+
+    def _thinking(self, event: ReasoningDelta | ReasoningDone) -> bytes:
+        """A `thinking` block: its text streams as `thinking_delta`s; our signature of it comes
+        as a `signature_delta` once the reasoning is over (reasoning always comes first)."""
+        index = len(self.blocks) - 1
+        if isinstance(event, ReasoningDone):
+            if not self._thinking_open:
+                return b""
+            self._thinking_open = False
+            self.blocks[-1]["signature"] = event.signature
+            return _sse("content_block_delta", {
+                "type": "content_block_delta", "index": index,
+                "delta": {"type": "signature_delta", "signature": event.signature}},
+            ) + _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        if not event.text:
+            return b""
+        out = b""
+        if not self._thinking_open:
+            self.blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+            self._thinking_open = True
+            index += 1
+            out = _sse("content_block_start", {"type": "content_block_start", "index": index,
+                                               "content_block": dict(self.blocks[-1])})
+        self.blocks[-1]["thinking"] += event.text
+        return out + _sse("content_block_delta", {
+            "type": "content_block_delta", "index": index,
+            "delta": {"type": "thinking_delta", "thinking": event.text}})
 
     def _close_text(self) -> bytes:
         if not self._text_open:

@@ -8,6 +8,9 @@ completion ids, verbatim, plus the ids of only the messages after that turn. A r
 chain matches no turn we sampled is rendered in full and starts a new segment (compaction,
 truncation, a system-prompt swap, a side conversation). A request identical to an earlier one is
 a retry: it reuses that call's prompt, and the earlier answer moves to a `discarded` segment.
+Reasoning is not part of a message's key: a turn echoed without it is still ours; a turn whose
+echoed reasoning was altered changes the chain from there on (`_chain`), so no prompt extends
+through it.
 
 `plan` decides and builds the prompt without touching the trace; `commit` records the answer.
 The split lets generation run between them with no lock held, and lets an aborted or rejected
@@ -17,6 +20,7 @@ call leave the trace untouched.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,6 +29,7 @@ from typing import Literal
 from ..engines.base import Completion
 from ..trace import CallRecord, CallSampling, SegmentRole, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
+from .reasoning import NO_ECHOES, EchoReport, ReasoningSigner, echo_digest, echo_status
 from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
 from .subagents import SpawnRegistry, SubagentLink, opening_text
 from .tool_choice import NO_STEERING, Steering
@@ -77,16 +82,19 @@ class PromptPlan:
     steering: Steering = NO_STEERING
     forced_ids: tuple[int, ...] = ()
     opening: str = ""  # the first user message: a sub-agent's brief (`subagents`)
+    echoes: EchoReport = NO_ECHOES  # how the request echoed our turns' reasoning
 
 
 class PromptBridge:
     def __init__(
-        self, renderer: PromptRenderer, trace: SessionTrace, *, train_subagents: bool = False
+        self, renderer: PromptRenderer, trace: SessionTrace,
+        signer: ReasoningSigner | None = None, *, train_subagents: bool = False,
     ) -> None:
         """`train_subagents`: a sub-agent's segments get role `agent` (trained on) instead of
         `auxiliary`; they are linked to the tool call that started them either way."""
         self.renderer = renderer
         self.trace = trace
+        self.signer = signer or ReasoningSigner(secrets.token_bytes(32), "bridge")
         self.train_subagents = train_subagents
         self._spawns = SpawnRegistry()
         self._subagent_tools: set[bytes] = set()  # tool sets sub-agents were seen with
@@ -104,49 +112,73 @@ class PromptBridge:
     def plan(self, request: ChatRequest, budget: int | None = None) -> PromptPlan:
         """The prompt for `request`. With a `budget`, a prompt that clearly has more tokens
         raises `PromptTooLong` after about that much tokenizing, whatever the request's size."""
-        plan = self._plan(request, budget)
+        keys = [message.semantic_key() for message in request.messages]
+        with self._lock:
+            chain, echoes = self._chain(request, keys)
+            plan = self._plan_reusing(request, chain, budget)
+        if plan is None:
+            plan = PromptPlan(self.renderer.render_full(request.messages, request.tools, budget),
+                              chain[-1], chain[0], "new")
+        plan.echoes = echoes
         plan.opening = opening_text(request.messages)
         return plan
 
-    def _plan(self, request: ChatRequest, budget: int | None) -> PromptPlan:
-        chain = self._chain(request)
+    def _plan_reusing(
+        self, request: ChatRequest, chain: list[bytes], budget: int | None
+    ) -> PromptPlan | None:
+        """A plan that reuses earlier ids (a retry, or an extension of one of our turns), or
+        None (caller holds the lock)."""
         request_key, tools_key = chain[-1], chain[0]
-        with self._lock:
-            retried = self._requests.get(request_key)
-            if retried is not None:
-                segment = self.trace.segments[retried.segment]
-                return PromptPlan(
-                    segment.tokens[: retried.prompt_end], request_key, tools_key, "retry", retried
+        retried = self._requests.get(request_key)
+        if retried is not None:
+            segment = self.trace.segments[retried.segment]
+            return PromptPlan(
+                segment.tokens[: retried.prompt_end], request_key, tools_key, "retry", retried
+            )
+        for position in range(len(request.messages) - 1, -1, -1):
+            if request.messages[position].role != "assistant":
+                continue
+            parent = self._turns.get(chain[position + 1])
+            if parent is None:
+                continue
+            try:
+                inserted = self.renderer.render_after(
+                    parent.assistant, request.messages[position + 1 :], parent.turn_closed,
+                    None if budget is None else max(0, budget - parent.end),
                 )
-            for position in range(len(request.messages) - 1, -1, -1):
-                if request.messages[position].role != "assistant":
-                    continue
-                parent = self._turns.get(chain[position + 1])
-                if parent is None:
-                    continue
-                try:
-                    inserted = self.renderer.render_after(
-                        parent.assistant, request.messages[position + 1 :], parent.turn_closed,
-                        None if budget is None else max(0, budget - parent.end),
-                    )
-                except TemplateNotIncremental:
-                    break
-                except PromptTooLong as exc:
-                    raise PromptTooLong(parent.end + exc.prompt_tokens) from None
-                segment = self.trace.segments[parent.segment]
-                prompt = segment.tokens[: parent.end]
-                prompt.extend(inserted)
-                return PromptPlan(prompt, request_key, tools_key, "extend", parent, tuple(inserted))
-        prompt = self.renderer.render_full(request.messages, request.tools, budget)
-        return PromptPlan(prompt, request_key, tools_key, "new")
+            except TemplateNotIncremental:
+                break
+            except PromptTooLong as exc:
+                raise PromptTooLong(parent.end + exc.prompt_tokens) from None
+            segment = self.trace.segments[parent.segment]
+            prompt = segment.tokens[: parent.end]
+            prompt.extend(inserted)
+            return PromptPlan(prompt, request_key, tools_key, "extend", parent, tuple(inserted))
+        return None
 
-    @staticmethod
-    def _chain(request: ChatRequest) -> list[bytes]:
-        """The chain values: seeded with the tool list's key, one more per message."""
+    def _chain(
+        self, request: ChatRequest, keys: list[bytes] | None = None
+    ) -> tuple[list[bytes], EchoReport]:
+        """The chain values (seeded with the tool list's key, one more per message) and how
+        our turns' reasoning came back (caller holds the lock). A turn of ours whose echoed
+        reasoning was altered mixes that echo into the chain from there on: no turn sampled
+        after the original one matches, while a turn sampled for this very history (the fork
+        it causes) is found again when the CLI repeats it."""
+        if keys is None:
+            keys = [message.semantic_key() for message in request.messages]
         chain = [request.tools_key()]
-        for message in request.messages:
-            chain.append(_chain(chain[-1], message.semantic_key()))
-        return chain
+        missing = altered = 0
+        for message, key in zip(request.messages, keys):
+            value = _chain(chain[-1], key)
+            node = self._turns.get(value) if message.role == "assistant" else None
+            if node is not None:
+                status = echo_status(message, node.assistant, self.signer)
+                missing += status == "missing"
+                if status == "altered":
+                    altered += 1
+                    value = _chain(value, b"altered reasoning" + echo_digest(message))
+            chain.append(value)
+        return chain, EchoReport(missing, altered)
 
     def plan_truncated(
         self, request: ChatRequest, fits: Callable[[int], bool], budget: int | None = None
@@ -158,7 +190,8 @@ class PromptBridge:
         *original* request's chain, so the CLI's next call (full history + our turn) extends the
         truncated segment. Raises `ContextStillTooLong` when blanking every tool result is not
         enough."""
-        chain = self._chain(request)
+        with self._lock:
+            chain, _ = self._chain(request)
         tool_results = [i for i, m in enumerate(request.messages)
                         if m.role == "tool" and m.content != TRUNCATED_TOOL_RESULT]
         tried: dict[int, list[int] | PromptTooLong] = {}
@@ -236,6 +269,8 @@ class PromptBridge:
                     kind=kind,
                     latency_s=latency_s,
                     truncated_tool_results=plan.truncated_tool_results,
+                    missing_reasoning=plan.echoes.missing,
+                    altered_reasoning=plan.echoes.altered,
                 )
             )
             self._spawns.add(node.call_index, turn.tool_calls)

@@ -43,6 +43,15 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ReasoningPart:
+    """Reasoning an assistant turn carries: sampled by us, or echoed by a client with the
+    signature we issued (None where the dialect has no place for one: chat)."""
+
+    text: str
+    signature: str | None = None
+
+
+@dataclass(frozen=True)
 class Message:
     role: Role
     content: str = ""
@@ -52,6 +61,9 @@ class Message:
     # Set when the content held images: text and `ImagePart`s in order; `content` is then the
     # text with a placeholder per image (what a text-only model reads; see `images`).
     parts: tuple[Part, ...] = field(default=(), compare=False)
+    # Not part of `semantic_key`: a turn echoed without its reasoning is still that turn
+    # (`reasoning.check_echoes` decides what an altered one means).
+    reasoning: tuple[ReasoningPart, ...] = ()
 
     def template_dict(self, multimodal: bool = False) -> dict[str, Any]:
         """The message as Hugging Face chat templates expect it (OpenAI shape, arguments as
@@ -72,6 +84,8 @@ class Message:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning:  # the field Qwen3-style templates read
+            out["reasoning_content"] = "".join(part.text for part in self.reasoning)
         return out
 
     def semantic_key(self) -> bytes:
@@ -145,6 +159,8 @@ class AssistantTurn:
     content: str
     tool_calls: tuple[ToolCall, ...]
     finish_reason: Literal["stop", "length", "tool_calls", "abort"]
+    reasoning: str = ""  # what the model wrote between <think> and </think>
 
     def as_message(self) -> Message:
-        return Message(role="assistant", content=self.content, tool_calls=self.tool_calls)
+        return Message(role="assistant", content=self.content, tool_calls=self.tool_calls,
+                       reasoning=(ReasoningPart(self.reasoning),) if self.reasoning else ())

@@ -1,7 +1,8 @@
 """What one model call tells the dialect writing its answer, and the writer's contract.
 
 A call (`model_call.PreparedCall.events`) yields `TextDelta` and `ToolCallDone` as the answer is
-sampled and parsed, `KeepAlive` while nothing has been sampled yet (a long prefill), and ends
+sampled and parsed (before them, for a policy that thinks, `ReasoningDelta`s and one
+`ReasoningDone`), `KeepAlive` while nothing has been sampled yet (a long prefill), and ends
 with one `CallFinished`. Each dialect turns these into its wire format through an
 `AnswerWriter`; dialects depend on this module, never on the call machinery behind it.
 `CallProgress` is what an observer of all calls (a progress display) is told.
@@ -21,6 +22,22 @@ class TextDelta:
     """Answer text that can be shown now."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Reasoning text that can be shown now (see `reasoning`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDone:
+    """The reasoning is over: all of it (the deltas joined), and the proxy's signature of it
+    ("" when there was none)."""
+
+    text: str
+    signature: str
 
 
 @dataclass(frozen=True)
@@ -57,8 +74,8 @@ class CallProgress:
     finished: bool
 
 
-ParseEvent = TextDelta | ToolCallDone
-AnswerEvent = TextDelta | ToolCallDone | CallFinished
+ParseEvent = TextDelta | ToolCallDone | ReasoningDelta | ReasoningDone
+AnswerEvent = ParseEvent | CallFinished
 CallEvent = AnswerEvent | KeepAlive
 
 

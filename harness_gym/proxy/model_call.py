@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import anyio
 
@@ -32,6 +33,7 @@ from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
 from .errors import ProxyError
 from .events import CallEvent, CallFinished, CallProgress, KeepAlive
+from .reasoning import THINK_CLOSE, ThinkSplitter
 from .rendering import PromptTooLong
 from .sessions import SESSION_CLOSED_DURING_CALL, ProxySession
 from .settings import ProxySettings
@@ -74,8 +76,12 @@ class PreparedCall:
         steering = self.plan.steering
         text = AnswerText(self.engine.tokenizer,
                           (*self.request.sampling.stop, *steering.hidden_stops))
-        answer = ParsedAnswer(make_tool_call_parser(self.engine.tool_call_format),
-                              steering.max_tool_calls)
+        thinking = self.session.reasoning_format
+        answer = ParsedAnswer(  # reasoning is split off before tool calls are parsed
+            make_tool_call_parser(self.engine.tool_call_format),
+            steering.max_tool_calls,
+            None if thinking is None else ThinkSplitter(thinking, self.session.signer.sign),
+        )
         try:
             for event in answer.feed(steering.forced_text):  # the forced start of the answer
                 yield event
@@ -213,6 +219,12 @@ def _steer(
 ) -> PromptPlan:
     """Settle how the answer obeys the request's `tool_choice`: its forced first tokens."""
     plan.steering = steer(request.tool_choice, tool_call_open_tag(engine.tool_call_format))
+    thinking = session.reasoning_format
+    if plan.steering.forced_text and thinking is not None and thinking.opened:
+        # The generation prompt opened `<think>`: a forced call comes after closing it, so
+        # the call is parsed as the answer, not as reasoning.
+        plan.steering = replace(plan.steering,
+                                forced_text=THINK_CLOSE + "\n\n" + plan.steering.forced_text)
     if plan.steering.forced_text:
         plan.forced_ids = tuple(session.bridge.renderer.encode(plan.steering.forced_text))
         try:

@@ -2,7 +2,8 @@
 
 The real CLIs' quirks (harnesses/): user content as a list of text parts (Pi),
 `content: null` or `""` on tool-call turns (Pi, OpenCode), tool results as JSON strings
-(Hermes), `developer` as a synonym of `system`.
+(Hermes), `developer` as a synonym of `system`. A thinking policy's reasoning goes out as
+`reasoning_content` (vLLM's and DeepSeek's field) and is read back from it or `reasoning`.
 """
 
 from __future__ import annotations
@@ -18,14 +19,22 @@ from .canonical import (
     AssistantTurn,
     ChatRequest,
     Message,
+    ReasoningPart,
     SamplingRequest,
     ToolCall,
     ToolSpec,
 )
 from .errors import ProxyError, invalid
-from .tool_choice import openai_tool_choice
+from .events import (
+    AnswerEvent,
+    CallFinished,
+    ReasoningDelta,
+    ReasoningDone,
+    TextDelta,
+    ToolCallDone,
+)
 from .images import Part, from_data_url, parts_with_images, text_with_placeholders
-from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
+from .tool_choice import openai_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -93,17 +102,30 @@ def _parse_message(raw: Any, param: str) -> Message:
         )
     parts = _parse_content(raw.get("content"), f"{param}.content")
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: tuple[ReasoningPart, ...] = ()
     if role == "assistant":
         raw_calls = field(raw, "tool_calls", list, f"{param}.tool_calls", default=[])
         tool_calls = tuple(
             _parse_tool_call(c, f"{param}.tool_calls[{i}]") for i, c in enumerate(raw_calls)
         )
+        reasoning = _parse_reasoning(raw, param)
     tool_call_id = None
     if role == "tool":
         tool_call_id = field(raw, "tool_call_id", str, f"{param}.tool_call_id", required=True)
     name = field(raw, "name", str, f"{param}.name")
     return Message(role, text_with_placeholders(parts), tool_calls, tool_call_id,
-                   name if role != "assistant" else None, parts_with_images(parts))
+                   name if role != "assistant" else None, parts=parts_with_images(parts),
+                   reasoning=reasoning)
+
+
+def _parse_reasoning(raw: dict[str, Any], param: str) -> tuple[ReasoningPart, ...]:
+    """An assistant turn's echoed reasoning: `reasoning_content` (what we send; vLLM, DeepSeek)
+    or `reasoning` (newer vLLM). Unsigned: chat has no place for a signature."""
+    for key in ("reasoning_content", "reasoning"):
+        text = field(raw, key, str, f"{param}.{key}")
+        if text is not None:
+            return (ReasoningPart(text),)
+    return ()
 
 
 def _parse_content(raw: Any, param: str) -> list[Part]:
@@ -201,6 +223,8 @@ def chat_completion(
     call_id: str, model: str, turn: AssistantTurn, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.content or None}
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
     if turn.tool_calls:
         message["tool_calls"] = [_tool_call_json(c) for c in turn.tool_calls]
     elif not turn.content:
@@ -262,6 +286,10 @@ class ChatWriter:
         return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
 
     def feed(self, event: AnswerEvent) -> bytes:
+        if isinstance(event, ReasoningDelta):
+            return self._delta({"reasoning_content": event.text})
+        if isinstance(event, ReasoningDone):
+            return b""  # chat has no signature to send
         if isinstance(event, TextDelta):
             return self._delta({"content": event.text})
         if isinstance(event, ToolCallDone):

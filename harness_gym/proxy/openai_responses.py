@@ -2,8 +2,10 @@
 
 The proxy keeps no responses: a client must send its whole history in `input` (what Pi and
 Codex do with `store: false`), so `previous_response_id` is refused with a clear 400.
-A `function_call` item joins the assistant message just before it, so an echoed turn (message
-item, then its function calls) is the one canonical assistant turn the bridge recognises.
+A `function_call` item joins the assistant message just before it, and a `reasoning` item starts
+the assistant turn after it, so an echoed turn (reasoning, message item, then its function
+calls) is the one canonical assistant turn the bridge recognises. A thinking policy's reasoning
+goes out as a `reasoning` item (`reasoning_text` content, our signature in `encrypted_content`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,19 @@ from typing import Any
 
 import orjson
 
-from .canonical import ChatRequest, Message, SamplingRequest, ToolCall, ToolSpec
+from .canonical import ChatRequest, Message, ReasoningPart, SamplingRequest, ToolCall, ToolSpec
 from .errors import ProxyError, invalid
-from .tool_choice import ToolChoice, openai_tool_choice
+from .events import (
+    AnswerEvent,
+    CallFinished,
+    ReasoningDelta,
+    ReasoningDone,
+    TextDelta,
+    ToolCallDone,
+)
 from .images import ImagePart, Part, from_data_url, parts_with_images, text_with_placeholders
-from .events import AnswerEvent, CallFinished, TextDelta, ToolCallDone
 from .openai_chat import error_body
+from .tool_choice import ToolChoice, openai_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -41,8 +50,9 @@ def parse_responses_request(body: dict[str, Any]) -> ChatRequest:
     if isinstance(raw_input, str):
         messages.append(Message("user", raw_input))
     else:
+        reasoning: list[ReasoningPart] = []  # waits for the assistant turn it belongs to
         for i, item in enumerate(raw_input):
-            _add_item(messages, item, f"input[{i}]")
+            _add_item(messages, item, f"input[{i}]", reasoning)
     if not messages:
         raise invalid("'input' must contain at least one item.", "input")
     tools = tuple(
@@ -70,10 +80,23 @@ def parse_responses_request(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def _add_item(messages: list[Message], item: Any, param: str) -> None:
+def _add_item(
+    messages: list[Message], item: Any, param: str, reasoning: list[ReasoningPart]
+) -> None:
     if not isinstance(item, dict):
         raise invalid(f"Invalid type for '{param}': expected an object.", param)
     kind = field(item, "type", str, f"{param}.type", default="message")
+    if kind == "reasoning":
+        part = _reasoning_part(item, param)
+        if part is not None:
+            reasoning.append(part)
+        return
+    if kind in ("message", "function_call") and reasoning and (
+        kind == "function_call" or item.get("role") == "assistant"
+    ):
+        # A reasoning item starts the assistant turn that follows it.
+        messages.append(Message("assistant", reasoning=tuple(reasoning)))
+    reasoning.clear()  # reasoning followed by anything else belongs to no turn
     if kind == "message":
         role = field(item, "role", str, f"{param}.role", required=True)
         if role in _SYSTEM_ROLES:
@@ -82,8 +105,14 @@ def _add_item(messages: list[Message], item: Any, param: str) -> None:
             raise invalid(f"Invalid value for '{param}.role': '{role}'. Supported values are: "
                           "'user', 'assistant', 'system' and 'developer'.", f"{param}.role")
         parts = _content_parts(item.get("content"), f"{param}.content")
-        messages.append(Message(role, text_with_placeholders(parts),
-                                parts=parts_with_images(parts)))
+        text = text_with_placeholders(parts)
+        images = parts_with_images(parts)
+        last = messages[-1] if messages else None
+        if (role == "assistant" and last is not None and last.role == "assistant"
+                and last.reasoning and not last.content and not last.tool_calls):
+            messages[-1] = replace(last, content=text, parts=images)  # its reasoning's turn
+        else:
+            messages.append(Message(role, text, parts=images))
     elif kind == "function_call":
         arguments = field(item, "arguments", str, f"{param}.arguments", required=True)
         try:
@@ -105,12 +134,26 @@ def _add_item(messages: list[Message], item: Any, param: str) -> None:
         call_id = field(item, "call_id", str, f"{param}.call_id", required=True)
         messages.append(Message("tool", text_with_placeholders(parts), tool_call_id=call_id,
                                 parts=parts_with_images(parts)))
-    elif kind == "reasoning":
-        return  # the policy's reasoning is not part of the prompt it is shown again
     else:
         raise invalid(f"Unsupported input item type '{kind}' in '{param}': supported are "
                       "'message', 'function_call', 'function_call_output' and 'reasoning'.",
                       f"{param}.type")
+
+
+def _reasoning_part(item: dict[str, Any], param: str) -> ReasoningPart | None:
+    """The text of a reasoning item (its `reasoning_text` content, else its summary) and the
+    signature we sent in `encrypted_content`; None for an empty item with no signature."""
+    texts = []
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = field(item, key, list, f"{param}.{key}", default=[])
+        texts = [p["text"] for p in parts if isinstance(p, dict) and p.get("type") == part_type
+                 and isinstance(p.get("text"), str)]
+        if texts:
+            break
+    signature = field(item, "encrypted_content", str, f"{param}.encrypted_content")
+    if not texts and signature is None:
+        return None
+    return ReasoningPart("".join(texts), signature)
 
 
 def _content_parts(raw: Any, param: str) -> list[Part]:
@@ -196,6 +239,7 @@ class ResponseWriter:
         ]
         self.output: list[dict[str, Any]] = []
         self._text_open = False
+        self._reasoning_open = False
         self._sequence = 0
         self._done: CallFinished | None = None
 
@@ -245,6 +289,8 @@ class ResponseWriter:
                 + self._event("response.in_progress", response=head))
 
     def feed(self, event: AnswerEvent) -> bytes:
+        if isinstance(event, (ReasoningDelta, ReasoningDone)):
+            return self._reasoning(event)
         if isinstance(event, TextDelta):
             if not event.text:
                 return b""
@@ -289,6 +335,41 @@ class ResponseWriter:
 
     def _index(self) -> int:
         return len(self.output) - 1
+
+    def _reasoning(self, event: ReasoningDelta | ReasoningDone) -> bytes:
+        """A `reasoning` item: its text streams as `response.reasoning_text.delta`s; our
+        signature of it goes in `encrypted_content` when it is done (it always comes first)."""
+        if isinstance(event, ReasoningDone):
+            if not self._reasoning_open:
+                return b""
+            self._reasoning_open = False
+            item = self.output[-1]
+            item.update(status="completed", encrypted_content=event.signature)
+            part, index = item["content"][0], self._index()
+            return b"".join((
+                self._event("response.reasoning_text.done", item_id=item["id"],
+                            output_index=index, content_index=0, text=part["text"]),
+                self._event("response.content_part.done", item_id=item["id"],
+                            output_index=index, content_index=0, part=part),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ))
+        if not event.text:
+            return b""
+        out = b""
+        if not self._reasoning_open:
+            item = {"id": _new_id("rs_"), "type": "reasoning", "status": "in_progress",
+                    "summary": [], "content": []}
+            self.output.append(item)
+            self._reasoning_open = True
+            out = self._event("response.output_item.added", output_index=self._index(),
+                              item=dict(item, content=[])) + self._event(
+                "response.content_part.added", item_id=item["id"], output_index=self._index(),
+                content_index=0, part={"type": "reasoning_text", "text": ""})
+            item["content"].append({"type": "reasoning_text", "text": ""})
+        item = self.output[-1]
+        item["content"][0]["text"] += event.text
+        return out + self._event("response.reasoning_text.delta", item_id=item["id"],
+                                 output_index=self._index(), content_index=0, delta=event.text)
 
     def _close_text(self) -> bytes:
         if not self._text_open:

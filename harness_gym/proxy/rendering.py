@@ -4,9 +4,10 @@ Two ways in:
 - `render_full`: the whole conversation, for a call that extends nothing we sampled.
 - `render_after`: only the messages that follow an assistant turn we generated. The template is
   rendered over a tiny stand-in conversation (one placeholder user turn, our assistant turn, the
-  new messages) and the text before the new messages is cut away, so the cost is independent of
-  the history's length and earlier tokens are never re-tokenized. What the template writes after
-  the end-of-turn token (ChatML's "\\n" after `<|im_end|>`) is the `turn_tail`, computed once.
+  new messages) and everything up to our turn's end-of-turn token is cut away, so the cost is
+  independent of the history's length and earlier tokens are never re-tokenized. What the
+  template writes after the end-of-turn token (ChatML's "\\n" after `<|im_end|>`) is the
+  `turn_tail`; it starts the rendered text, since sampling stops at the end-of-turn token.
 
 Tokenizing is bounded by a token budget, not by the request's size: a 4 MB text took 6 s and
 800 MB in one `encode` call (measured), so long texts are encoded piece by piece, split after
@@ -23,6 +24,7 @@ from typing import Any
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from .canonical import Message, ToolSpec
+from .reasoning import without_reasoning
 
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
 _SHORT_TEXT = 256  # chars: below this the plain `encode` is quicker than the batch call
@@ -193,19 +195,30 @@ class PromptRenderer:
     ) -> list[int]:
         """Ids of what follows our sampled assistant turn: the end-of-turn token when sampling
         stopped without one (max_tokens), the template's turn tail, the new messages and the
-        generation prompt."""
+        generation prompt.
+
+        The turn itself is not re-rendered (its sampled ids are reused), so only where it ends
+        matters: at the same count of end-of-turn markers as in the stand-in conversation
+        alone. That holds also for templates that render a turn differently once messages
+        follow it (Qwen3 drops earlier reasoning and the empty `<think></think>` of a last
+        turn); the stand-in turn carries no reasoning, which only moves text inside it."""
         self._refuse_clearly_too_long(new_messages, budget)
-        stand_in = [_PLACEHOLDER_USER, assistant.template_dict()]
+        stand_in = [_PLACEHOLDER_USER, without_reasoning(assistant).template_dict()]
         before = self.render_text(stand_in, add_generation_prompt=False)
         after = self.render_text(
             stand_in + [m.template_dict(self.multimodal) for m in new_messages])
-        if not after.startswith(before):
+        marker = self.end_of_turn_text
+        turns = before.count(marker)
+        earlier = _end_of_nth(before, marker, turns - 1)  # where our turn starts, about
+        end = _end_of_nth(after, marker, turns)
+        if turns == 0 or end is None or after[:earlier] != before[:earlier]:
             raise TemplateNotIncremental(
-                "the chat template re-renders the assistant turn when messages follow it"
+                "the chat template renders the turns before the new messages differently "
+                "once they are added"
             )
-        text = self.turn_tail + after[len(before) :]
+        text = after[end:]
         if not turn_closed:
-            text = self.end_of_turn_text + text
+            text = marker + text
         return self.encode(text, budget)
 
     def _find_turn_end(self) -> tuple[str, str]:
@@ -223,3 +236,15 @@ class PromptRenderer:
             "none of the engine's stop tokens appears in the template's assistant turn; "
             "set the engine's stop_token_ids to the template's end-of-turn token"
         )
+
+
+def _end_of_nth(text: str, marker: str, n: int) -> int | None:
+    """The index just past the `n`-th occurrence of `marker` in `text` (0 for n == 0), or None
+    when there are fewer."""
+    end = 0
+    for _ in range(n):
+        at = text.find(marker, end)
+        if at < 0:
+            return None
+        end = at + len(marker)
+    return end

@@ -20,6 +20,7 @@ from ..trace import SessionTrace
 from .bridge import PromptBridge
 from .canonical import SamplingRequest
 from .errors import ProxyError, invalid
+from .reasoning import ReasoningFormat, ReasoningSigner
 from .rendering import PromptRenderer
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
@@ -81,9 +82,16 @@ class ProxySession:
     train_subagents: bool = False
     trace: SessionTrace = field(default_factory=SessionTrace)
     created: float = field(default_factory=time.time)
+    # How the policy writes reasoning (None: it does not), and the proxy's key for signing it
+    # (empty: a key of the session's own).
+    reasoning_format: ReasoningFormat | None = None
+    reasoning_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
-        self.bridge = PromptBridge(self.renderer, self.trace, train_subagents=self.train_subagents)
+        self.signer = ReasoningSigner(self.reasoning_key or secrets.token_bytes(32),
+                                      self.session_id)
+        self.bridge = PromptBridge(self.renderer, self.trace, self.signer,
+                                   train_subagents=self.train_subagents)
         self.closed = False
         self.calls_in_flight = 0  # touched on the proxy's event loop only
         self.last_active = time.monotonic()
@@ -132,6 +140,7 @@ class ProxySession:
             "n_llm_calls": self.trace.n_llm_calls,
             "n_tool_calls": self.trace.n_tool_calls,
             "n_truncations": self.trace.n_truncations,
+            "n_altered_reasoning": self.trace.n_altered_reasoning,
         }
 
 
@@ -152,6 +161,9 @@ class SessionRegistry:
         idle_timeout_s: float = 3600.0,
     ) -> None:
         self._renderer = renderer
+        self._reasoning_format = ReasoningFormat.of(renderer.render_text,
+                                                    renderer.tokenizer.chat_template)
+        self._reasoning_key = secrets.token_bytes(32)  # signs reasoning; per proxy
         self._sessions: dict[str, ProxySession] = {}
         self._ended: OrderedDict[str, str] = OrderedDict()  # key -> why it no longer works
         self._lock = threading.Lock()
@@ -170,6 +182,7 @@ class SessionRegistry:
             session_id, self._renderer, parse_session_sampling(sampling), policy_version,
             context_overflow=check_context_overflow(context_overflow),
             train_subagents=train_subagents,
+            reasoning_format=self._reasoning_format, reasoning_key=self._reasoning_key,
         )
         with self._lock:
             self._expire_idle(time.monotonic())
@@ -186,6 +199,11 @@ class SessionRegistry:
     def find(self, session_id: str) -> ProxySession | None:
         with self._lock:
             return self._sessions.get(session_id)
+
+    def ids(self) -> list[str]:
+        """The open sessions' ids, oldest first."""
+        with self._lock:
+            return list(self._sessions)
 
     def get(self, session_id: str) -> ProxySession:
         """The session a dialect call's key names; unknown, closed and expired keys are an

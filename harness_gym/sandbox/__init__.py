@@ -3,9 +3,11 @@
 Backends are plugins in the entry-point group `harness_gym.sandboxes`; the built-in `local`
 is registered there too (setup.cfg), so a third-party backend needs nothing but an entry point.
 
->>> from harness_gym.sandbox import SandboxSpec, load_sandbox
->>> backend = load_sandbox("local")
->>> with backend.create(SandboxSpec()) as box:
+`default_sandbox()` picks the most isolating backend that works here, and never `local`:
+
+>>> from harness_gym.sandbox import SandboxSpec, default_sandbox, load_sandbox
+>>> backend = load_sandbox(default_sandbox())  # doctest: +SKIP
+>>> with backend.create(SandboxSpec()) as box:  # doctest: +SKIP
 ...     box.exec("echo hi").stdout
 'hi\\n'
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from ..plugins import load_plugin, plugin_names
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .local import UnisolatedSandboxWarning
 
 ENTRY_POINT_GROUP = "harness_gym.sandboxes"
 
@@ -25,6 +28,7 @@ __all__ = [
     "SandboxBackend",
     "SandboxError",
     "SandboxSpec",
+    "UnisolatedSandboxWarning",
     "available_sandboxes",
     "default_sandbox",
     "load_sandbox",
@@ -37,12 +41,29 @@ def available_sandboxes() -> list[str]:
 
 
 def default_sandbox() -> str:
-    """The most isolating backend that works here: `"bwrap"` where bubblewrap can make
-    namespaces, `"local"` otherwise (no bubblewrap, or a container that forbids namespaces)."""
-    # Imported here: bwrap probes the host once, on first use, not on every import.
-    from .bwrap import bwrap_available
+    """The isolating backend that works here: `"bwrap"` where bubblewrap can make namespaces
+    (network included), else `"docker"` where a daemon answers and has the default image.
 
-    return "bwrap" if bwrap_available() else "local"
+    Never `"local"`: it does not isolate the agent from the host (the grader's interpreter, host
+    services, processes left behind), so a policy trained with it learns to exploit that. Where
+    neither works this raises a `SandboxError` that says how to get one, or to pass
+    `sandbox="local"` explicitly to debug without isolation.
+    """
+    # Imported here: the probes run once, on first use, not on every import.
+    from .bwrap import bwrap_available
+    from .docker import docker_unavailable
+
+    if bwrap_available():
+        return "bwrap"
+    why_not_docker = docker_unavailable()
+    if why_not_docker is None:
+        return "docker"
+    raise SandboxError(
+        "no isolating sandbox works here: bubblewrap cannot make namespaces (install it with "
+        "`apt-get install bubblewrap`, on a host or VM that allows user namespaces) and "
+        f"docker is not ready ({why_not_docker}). To run without isolation, for debugging "
+        'only, pass sandbox="local".'
+    )
 
 
 def load_sandbox(spec: str | SandboxBackend) -> SandboxBackend:

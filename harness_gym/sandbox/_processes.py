@@ -107,3 +107,25 @@ def kill_marked(var: str, value: str, rounds: int = 50) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (its threads' children included)."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+        return found
+    except FileNotFoundError:  # gone, or a kernel without CONFIG_PROC_CHILDREN: scan
+        pass
+    except OSError:
+        return found
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found

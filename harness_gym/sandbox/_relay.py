@@ -1,9 +1,11 @@
-"""The byte relay that lets a container with no network reach the proxy on the host.
+"""The byte relay that lets a sandbox with no network reach the proxy on the host.
 
-On the host, a relay listens on a unix socket in a directory bind-mounted into the container
-and forwards to the proxy's TCP port; inside, the same script listens on 127.0.0.1:PORT and
-forwards to that socket. The container keeps `network_mode="none"`: nothing but the proxy is
-reachable, and the proxy needs no change.
+On the host, a relay listens on a unix socket in a directory bind-mounted into the sandbox
+and forwards to the proxy's TCP port, and nowhere else; inside, the same script listens on
+127.0.0.1:PORT and forwards to that socket. The sandbox keeps a network of its own (docker's
+`network_mode="none"`, bwrap's `--unshare-net`): nothing but the proxy is reachable, and the
+proxy needs no change. What the relay exposes is the proxy's whole HTTP surface; its admin
+routes are closed to session keys by the admin key the env's proxy always has.
 """
 
 from __future__ import annotations
@@ -44,15 +46,20 @@ else:
         os._exit(0)
     threading.Thread(target=orphaned, daemon=True).start()
 def pump(a, b):
+    buf = bytearray(1 << 18)  # one buffer per direction: a request body moves in few syscalls
+    view = memoryview(buf)
     try:
-        while data := a.recv(65536):
-            b.sendall(data)
+        while n := a.recv_into(buf):
+            b.sendall(view[:n])
     except OSError:
         pass
     try:
         b.shutdown(socket.SHUT_WR)
     except OSError:
         pass
+def nodelay(s):  # forward each chunk at once: Nagle would hold an SSE event back ~40 ms
+    if s.family == socket.AF_INET:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 def serve(c):
     u = socket.socket(cfam)
     try:
@@ -60,6 +67,8 @@ def serve(c):
     except OSError:
         c.close()
         return
+    nodelay(c)
+    nodelay(u)
     t = threading.Thread(target=pump, args=(u, c), daemon=True)
     t.start()
     pump(c, u)

@@ -240,6 +240,16 @@ class RemoteShellSandbox(Sandbox):
         self._check_open()
         return self._get(self.path(path))
 
+    def kill_processes(self) -> None:
+        """Kill every job and every process carrying this sandbox's marker. Best effort, as in
+        `local`: a process that scrubbed its environment escapes the marker search."""
+        self._check_open()
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.kill()
+        self._run_script(kill_marked_script(SANDBOX_MARKER, self.id), {}, None, 60)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

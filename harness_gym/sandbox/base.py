@@ -2,8 +2,10 @@
 
 `SandboxBackend.create(spec)` gives a fresh, isolated `Sandbox` for one rollout. A sandbox runs
 commands (`exec` to completion, `start` in the background as a `Job` in its own process group),
-moves files in and out, and `close()` removes everything it created. Backends: `local` (a temp
-dir and a process group), later `bwrap`, `docker`, `e2b`, `hf`.
+moves files in and out, `kill_processes()` ends everything its commands started (the episode
+calls it between the agent's turn and grading), and `close()` removes everything it created.
+Backends: `bwrap` (the default), `docker`, `local` (no isolation: never chosen for you), `e2b`,
+`hf`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ class Sandbox(abc.ABC):
 
     workdir: str  # the repo's path as commands inside the sandbox see it
     home: str  # HOME as commands inside the sandbox see it
+    # Why the sandbox stopped its commands on its own (a cap they hit: disk), else None. The
+    # episode reads it after the harness ends: such an episode is a `harness_error`.
+    fault: str | None = None
 
     @abc.abstractmethod
     def exec(
@@ -109,13 +114,23 @@ class Sandbox(abc.ABC):
     def read_file(self, path: str) -> bytes: ...
 
     @abc.abstractmethod
+    def kill_processes(self) -> None:
+        """Kill every process the sandbox's commands started, also those that left their
+        process group or session (setsid, double forks, nohup, a scrubbed environment), and
+        close the way to the proxy. Files stay and `exec` works afterwards: the episode calls
+        this when the harness has ended, so that nothing the agent left running can touch the
+        tree while the grader works in it. Raises `SandboxError` when it cannot confirm that
+        the processes are gone."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Kill everything still running and remove everything created. Idempotent."""
 
     def proxy_url(self, host_url: str) -> str:
         """The URL a command in this sandbox uses to reach the proxy serving at `host_url` on
         this host. Sandboxes that share the host's network use it as it is; an isolated network
-        relays it (docker) and a cloud sandbox needs a public URL (e2b, hf)."""
+        relays it (bwrap, docker: a unix socket, so the proxy is all they reach) and a cloud
+        sandbox needs a public URL (e2b, hf)."""
         return host_url
 
     def __enter__(self) -> Sandbox:

@@ -1,28 +1,46 @@
-"""The `bwrap` sandbox: the `local` layout and cleanup, with every command run under bubblewrap.
+"""The `bwrap` sandbox (the default): the `local` layout and cleanup, with every command run under
+bubblewrap in namespaces of its own.
 
-Each command gets its own mount, pid, ipc and uts namespaces. Inside it sees the host's system
-dirs read-only (/usr, /bin, /lib*, /etc, /opt), this Python's environment read-only at its host
-paths (`python -m pytest` works unchanged), the spec's `ro_mounts` (a harness's install), a fresh
-/proc and /dev, an empty /tmp, and its own sandbox root read-write at its host path, so paths
-in traces, configs and patches are the same inside and out. Nothing else of the host's /root,
-/home or other rollouts' dirs is there. File ops act on the host paths directly.
+Each command gets its own mount, pid, network, ipc and uts namespaces. Inside it sees the host's
+system dirs read-only (/usr, /bin, /lib*, /etc, /opt), this Python's environment read-only at its
+host paths (`python -m pytest` works unchanged, and no agent can plant a `.pth` or
+`sitecustomize.py` in the interpreter that grades it), the spec's `ro_mounts` (a harness's
+install), a fresh /proc and /dev, size-capped tmpfs /tmp and /dev/shm, and its own sandbox root
+read-write at its host path, so paths in traces, configs and patches are the same inside and
+out. Nothing else of the host's /root, /home or other rollouts' dirs is there. File ops act on
+the host paths directly.
 
-Networking: the host network namespace is kept. The harness must reach the interception proxy
-on the host's 127.0.0.1; with `--unshare-net` the sandbox gets a loopback of its own and the
-proxy is unreachable. The isolating alternative is to serve the proxy on a unix socket bound
-into the sandbox, with a small TCP forwarder inside on 127.0.0.1 (one more process per
-rollout, and every harness's streaming traffic through it); isolation here is of files and
-processes, which is what rollouts trample on each other through. Outbound access is whatever
-the host has (on a training box: package registries at most).
+Networking (`network="none"`, the default): a network namespace with nothing but its own
+loopback, so host services on 127.0.0.1, other machines and the internet are unreachable. The
+harness reaches the interception proxy through a unix socket, as in the `docker` backend:
+`proxy_url(host_url)` starts a relay on the host (`<root>/run/p<port>.sock` -> the proxy's TCP
+address, `_relay.py`), and every later background command (`start`: the harness) first starts a
+forwarder inside its namespace (127.0.0.1:<port> -> that socket), so the harness uses the
+proxy's own URL unchanged. `exec` commands (the episode's setup and grading steps) get none: a
+forwarder is one Python start, which they would pay for nothing. The run/
+dir is bound read-only: the agent can use the socket, not replace it. Unix sockets outside the
+sandbox root are not in the mount namespace (no /run, /var). `kill_processes()` stops the relay:
+the grader's commands reach nothing at all.
 
-Killing: with `--unshare-pid`, bwrap's own init is pid 1 of the namespace, and when it dies the
-kernel kills every process in the namespace, including those that called setsid() and those
-with a scrubbed environment (`env -i`) that the marker search of `local` cannot find. bwrap's
-outer process is the leader of the command's process group, so `LocalJob.kill` (killpg, then
-the marker search) takes the outer process down, `--die-with-parent` takes init with it, and
-init takes the rest. That is also why `--new-session` is safe: it moves only the command out of
-the group, not init. One consequence: a command's background children die when the command
-exits (init exits with it); a harness's tool calls live as long as the harness.
+`network="host"` (opt-in: `BwrapSandboxBackend(network="host")`) keeps the host's network
+namespace, for harnesses that must reach something besides the proxy. Its risk: agent code can
+then reach every service on the host's loopback (a database, a metrics port, the proxy's own
+admin routes when it runs without an admin key), the machine's network and the internet.
+
+Killing: with `--unshare-pid`, bwrap's own init is pid 1 of the command's namespace, and when it
+dies the kernel kills every process in the namespace, including those that called setsid(),
+double-forked or scrubbed their environment (`env -i`); no process can leave a pid namespace.
+A job is killed by SIGKILL to that init; bwrap's outer process, our child, exits only once it has
+reaped its init, and the init is reaped only after every other process in the namespace is gone,
+so when `Job.kill()` returns the namespace is empty: exact, with no race against a background
+writer. `--die-with-parent` covers a trainer killed outright. One consequence: a command's
+background children die when the command exits (init exits with it); a harness's tool calls
+live as long as the harness.
+
+Limits: where this host lets us make cgroups (root), each sandbox's commands run in its own
+cgroup with a pids cap (`_cgroups.py`: a fork bomb stops there, the other rollouts keep
+running); files are capped as in `local` (`disk_bytes`), /tmp and /dev/shm are tmpfs of
+`tmp_bytes` each (RAM: bwrap's default would be half the host's).
 
 Capabilities are dropped (`--cap-drop ALL`): bwrap run as root keeps them otherwise, and root
 with CAP_SYS_ADMIN could remount the read-only /usr read-write.
@@ -41,17 +59,47 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
+from . import _processes as procs
+from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import SandboxError, SandboxSpec
-from .local import LocalJob, LocalSandbox, LocalSandboxBackend, _argv
+from .local import (
+    DEFAULT_DISK_BYTES,
+    DEFAULT_PIDS,
+    LocalJob,
+    LocalSandbox,
+    LocalSandboxBackend,
+    SandboxLimits,
+    _argv,
+)
+
+Network = Literal["none", "host"]
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 _NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "harness-gym")
 _LIFETIME = ("--die-with-parent", "--new-session", "--cap-drop", "ALL")
+DEFAULT_TMP_BYTES = 512 * 2**20
+
+# Starts one forwarder per relay inside the command's network namespace, then runs the command:
+# sh -c LAUNCH PYTHON RELAY_SCRIPT tcp:127.0.0.1:P unix:SOCK [...] -- COMMAND...
+_FORWARD_THEN_RUN = r"""
+py=$0 script=$1; shift
+while [ "$1" != -- ]; do
+  "$py" -I -c "$script" "$1" "$2" --fork ||
+    { echo "harness-gym: no proxy forwarder" >&2; exit 125; }
+  shift 2
+done
+shift
+exec "$@"
+"""
 
 
 def _system_mounts() -> list[str]:
@@ -90,42 +138,109 @@ def _ro_mounts(mounts: Mapping[str, str]) -> list[str]:
     return args
 
 
+def _network_args(network: Network) -> list[str]:
+    return ["--unshare-net"] if network == "none" else []
+
+
 @functools.cache
-def bwrap_available() -> bool:
-    """Whether bubblewrap is installed and can make namespaces here (not in every container)."""
+def _sized_tmpfs() -> bool:
+    """Whether this bwrap takes `--size` (0.5+)."""
+    try:
+        said = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in said.stdout + said.stderr
+
+
+@functools.cache
+def bwrap_available(network: Network = "none") -> bool:
+    """Whether bubblewrap is installed and can make namespaces here (not in every container),
+    with a network namespace of its own unless `network="host"`."""
     if shutil.which("bwrap") is None:
         return False
-    probe = ["bwrap", *_LIFETIME, *_NAMESPACES, *_system_mounts(), "--proc", "/proc", "true"]
+    probe = ["bwrap", *_LIFETIME, *_NAMESPACES, *_network_args(network), *_system_mounts(),
+             "--proc", "/proc", "true"]  # fmt: skip
     try:
         return subprocess.run(probe, check=False, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
+class BwrapJob(LocalJob):
+    """A command under bwrap. Killing it kills its pid namespace's init first (see module doc)."""
+
+    def kill(self) -> None:
+        with self._lock:
+            if procs.peek_exit(self._proc) is None:
+                for init in procs.children(self.pid):
+                    try:
+                        os.kill(init, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                # bwrap exits once it has reaped its init: the namespace is empty by then.
+                procs.wait_exit(self._proc, 10)
+        super().kill()  # the outer bwrap and its group, if still there
+
+
 class BwrapSandbox(LocalSandbox):
     """A `LocalSandbox` whose commands run under bwrap; layout, jobs and cleanup are local's."""
 
-    def __init__(self, spec: SandboxSpec, system_mounts: Sequence[str]) -> None:
-        super().__init__(spec)
+    job_class = BwrapJob
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        system_mounts: Sequence[str],
+        *,
+        limits: SandboxLimits | None = None,
+        network: Network = "none",
+        tmp_bytes: int = DEFAULT_TMP_BYTES,
+    ) -> None:
+        super().__init__(spec, limits)
+        self.network = network
         self._system_mounts = list(system_mounts)
         self._ro_mounts = dict(spec.ro_mounts)
+        self._tmp_bytes = tmp_bytes
+        self._run_dir = self.root / "run"  # the relays' sockets, bound read-only inside
+        self._run_dir.mkdir()
+        self._relays: dict[int, tuple[Path, subprocess.Popen[bytes]]] = {}
+        self._relay_lock = threading.Lock()
         if "PATH" not in spec.env:
             # The host's `python` may be a shim under /root (pyenv) that is not in here; put
             # this interpreter's bin dir (bound read-only) first, so `python -m pytest` works.
             self._env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self._env['PATH']}"
 
-    def bwrap_argv(self, command: Sequence[str] | str, cwd: str) -> list[str]:
-        """The full bwrap command line for `command`, run in `cwd` (a host path)."""
+    def _scratch_mounts(self) -> list[str]:
+        sized = ["--size", str(self._tmp_bytes)] if _sized_tmpfs() else []
+        return [*sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]
+
+    def _forwarders(self, command: list[str]) -> list[str]:
+        """`command`, preceded by a forwarder per relay (none: the command alone)."""
+        with self._relay_lock:
+            relays = [(port, sock) for port, (sock, _) in self._relays.items()]
+        if not relays:
+            return command
+        pairs = [arg for port, sock in relays for arg in (f"tcp:127.0.0.1:{port}", f"unix:{sock}")]
+        return ["sh", "-c", _FORWARD_THEN_RUN, sys.executable, RELAY_SCRIPT, *pairs, "--",
+                *command]  # fmt: skip
+
+    def bwrap_argv(
+        self, command: Sequence[str] | str, cwd: str, *, forward: bool = False
+    ) -> list[str]:
+        """The full bwrap command line for `command`, run in `cwd` (a host path); `forward`
+        starts the proxy forwarders first."""
         tools = [arg for d in _python_dirs() for arg in ("--ro-bind", str(d), str(d))]
         # Looked up per command: a harness may be installed after the sandbox was made.
         tools += _ro_mounts(self._ro_mounts)
         return [
-            "bwrap", *_LIFETIME, *_NAMESPACES, *self._system_mounts,
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "bwrap", *_LIFETIME, *_NAMESPACES, *_network_args(self.network),
+            *self._system_mounts,
+            "--proc", "/proc", "--dev", "/dev", *self._scratch_mounts(),
             *tools,  # after the tmpfs: a cache under /tmp must stay visible
             "--bind", str(self.root), str(self.root),
+            "--ro-bind", str(self._run_dir), str(self._run_dir),
             "--chdir", cwd,
-            "--", *_argv(command),
+            "--", *(self._forwarders(_argv(command)) if forward else _argv(command)),
         ]  # fmt: skip
 
     def _spawn(
@@ -135,23 +250,79 @@ class BwrapSandbox(LocalSandbox):
         env: Mapping[str, str] | None,
         stdout_path: Path,
         stdin_path: Path | None,
+        background: bool = False,
     ) -> LocalJob:
         inside = str(self.path(cwd)) if cwd else self.workdir
-        return super()._spawn(self.bwrap_argv(command, inside), cwd, env, stdout_path, stdin_path)
+        argv = self.bwrap_argv(command, inside, forward=background)
+        return super()._spawn(argv, cwd, env, stdout_path, stdin_path, background)
+
+    def proxy_url(self, host_url: str) -> str:
+        """The URL commands in this sandbox use to reach `host_url`, an http server on the
+        host's loopback (the interception proxy). With `network="none"` the first call per port
+        starts the host relay, and every later `start`ed command its forwarder (module doc)."""
+        if self.network == "host":
+            return host_url
+        self._check_open()
+        parts = urlsplit(host_url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise SandboxError(f"proxy_url needs an http://host:port URL, got {host_url!r}")
+        port = parts.port or 80
+        with self._relay_lock:
+            if port not in self._relays:
+                sock = self._run_dir / f"p{port}.sock"
+                self._relays[port] = (sock, start_host_relay(sock, parts.hostname, port))
+        return urlunsplit(parts._replace(netloc=f"127.0.0.1:{port}"))
+
+    def _stop_relays(self) -> None:
+        with self._relay_lock:
+            relays, self._relays = list(self._relays.values()), {}
+        for sock, relay in relays:
+            stop_relay(relay)
+            sock.unlink(missing_ok=True)
+
+    def kill_processes(self) -> None:
+        """Kill every namespace the sandbox's commands made (exact: see module doc) and stop
+        the proxy relay."""
+        self._stop_relays()
+        super().kill_processes()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._stop_relays()
 
 
 class BwrapSandboxBackend(LocalSandboxBackend):
-    """Sandboxes as temp dirs whose commands run in bubblewrap namespaces (see module doc)."""
+    """Sandboxes as temp dirs whose commands run in bubblewrap namespaces (see module doc).
+
+    `network`: "none" (default: the proxy is all a sandbox reaches) or "host" (opt-in; the
+    sandbox shares the host's network: see the module doc for the risk). `pids`, `disk_bytes`
+    and `tmp_bytes` cap each sandbox.
+    """
 
     name = "bwrap"
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        network: Network = "none",
+        pids: int = DEFAULT_PIDS,
+        disk_bytes: int = DEFAULT_DISK_BYTES,
+        tmp_bytes: int = DEFAULT_TMP_BYTES,
+    ) -> None:
+        if network not in ("none", "host"):
+            raise SandboxError(f'network is "none" or "host", got {network!r}')
+        super().__init__(pids=pids, disk_bytes=disk_bytes)
+        self.network: Network = network
+        self.tmp_bytes = tmp_bytes
         self._system_mounts = _system_mounts()
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
-        if not bwrap_available():
+        if not bwrap_available(self.network):
             raise SandboxError(
                 "bubblewrap cannot run here: install it (`apt-get install bubblewrap`) on a host"
-                " that allows namespaces, or use the `local` sandbox"
+                " that allows namespaces, or use the `docker` sandbox"
             )
-        return BwrapSandbox(spec, self._system_mounts)
+        return BwrapSandbox(spec, self._system_mounts, limits=self.limits,
+                            network=self.network, tmp_bytes=self.tmp_bytes)  # fmt: skip

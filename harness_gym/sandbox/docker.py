@@ -2,8 +2,8 @@
 
 Each sandbox is a container of `SandboxSpec.image` (default `harness-gym/base:1`, built locally
 by `scripts/docker-image`: no registry is reachable where this runs) with CPU, memory and pid
-limits, `network_mode="none"`, and the task repo copied in. Inside, one sandbox's files live
-under a path of its own, as with `local` and `bwrap`::
+limits, `network_mode="none"`, a read-only root filesystem, and the task repo copied in. Inside,
+one sandbox's files live under a path of its own, as with `local` and `bwrap`::
 
     /sandbox/<id>/work   copy of the task repo            (Sandbox.workdir)
     /sandbox/<id>/home   an empty HOME                    (Sandbox.home)
@@ -11,11 +11,18 @@ under a path of its own, as with `local` and `bwrap`::
     /sandbox/<id>/logs   stdout/stderr of commands
     /sandbox/<id>/run    bind mount of a host dir holding the proxy's unix socket
 
+Writable places: /sandbox is a tmpfs volume of `disk` bytes made for this container (an agent
+that fills it gets ENOSPC; the host's disk is untouched; its pages count in the container's
+memory), /tmp a tmpfs of `tmp`, and a dataset row's checkout (below). The rest of the image is
+read-only, the interpreter and its site-packages included: no agent can plant a `.pth` or a
+`sitecustomize.py` where the grader's Python would load it.
+
 A spec with `workdir` (a SWE-bench / SWE-rebench row: the repo already lives in the row's image,
 at `/testbed` by SWE-bench's convention, checked out at the row's base commit) copies nothing:
-`Sandbox.workdir` is that path in the image, commands run there, HOME, TMPDIR and logs stay
-under /sandbox/<id>/, and the repo is marked `safe.directory` in the container's system git
-config, so git works on it whichever uid owns it.
+`Sandbox.workdir` is that path, made writable as an anonymous volume that docker fills with the
+image's files there (on disk, not capped), commands run there, HOME, TMPDIR and logs stay
+under /sandbox/<id>/, and every command's git config marks it `safe.directory`
+(`GIT_CONFIG_*` variables), so git works on it whichever uid owns it.
 
 The spec's `ro_mounts` are bind-mounted read-only (the episode layer puts a harness's install
 there at its host path and the host's `node` at /usr/local/bin/node, so a harness installed on
@@ -34,13 +41,16 @@ host can reach, and needs the daemon's bridge and iptables, which some hosts lac
 Commands run through `docker exec` under a small sh wrapper that sends the command's output to
 files (a background child that keeps stdout open would otherwise hold the exec stream open, as
 with pipes in `local`) and marks it with HARNESS_GYM_JOB_ID. A timeout or `Job.kill` kills
-every process in the container carrying that mark, so setsid escapees die too; `close()`
-removes the container, which kills everything left. A signal death reads 128+n (137 for -9), as
-the shell reports it.
+every process in the container carrying that mark, so setsid escapees die too.
+`kill_processes()` kills every process in the container but its init and the `sleep` that keeps
+it up (init's oldest child: nothing the agent starts can be older), marked or not, until a scan
+finds none; `close()` removes the container, which kills everything left. A signal death reads
+128+n (137 for -9), as the shell reports it. What `exec` and `Job.wait` return of a command's
+output is its last `OUTPUT_LIMIT_BYTES`.
 
-Containers are labelled `harness-gym.sandbox=1` with their owner's pid, process start time,
-boot id and host name; a new backend removes labelled containers whose owner is gone (a
-trainer killed with SIGKILL never runs `close()`).
+Containers and their /sandbox volumes are labelled `harness-gym.sandbox=1` with their owner's
+pid, process start time, boot id and host name; a new backend removes labelled containers and
+volumes whose owner is gone (a trainer killed with SIGKILL never runs `close()`).
 
 >>> from harness_gym.sandbox import SandboxSpec, load_sandbox
 >>> with load_sandbox("docker").create(SandboxSpec()) as box:  # doctest: +SKIP
@@ -71,7 +81,7 @@ from . import _processes as procs
 from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
-from .local import TIMEOUT_EXIT_CODE, _argv, _rmtree
+from .local import OUTPUT_LIMIT_BYTES, TIMEOUT_EXIT_CODE, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -83,16 +93,48 @@ _WRAPPER = r"""
 id=$1 out=$2 err=$3 in=$4 emit=$5; shift 5
 HARNESS_GYM_JOB_ID=$id "$@" >"$out" 2>"$err" <"$in"
 rc=$?
-if [ "$emit" = 1 ]; then cat "$out"; cat "$err" >&2; rm -f "$out" "$err"; fi
+if [ "$emit" = 1 ]; then
+  tail -c {limit} "$out"; tail -c {limit} "$err" >&2; rm -f "$out" "$err"
+fi
 [ "$in" = /dev/null ] || rm -f "$in"
 exit $rc
+""".replace("{limit}", str(OUTPUT_LIMIT_BYTES))
+
+# Checks that the image had files at the repo dir (an empty one is the volume docker made for a
+# path the image lacks).
+_CHECK_WORKDIR = r"""
+[ -n "$(ls -A "$1" 2>/dev/null)" ] || { echo "no repository at $1 in the image" >&2; exit 3; }
 """
 
-# Checks the image's repo dir and trusts it for git (system config: HOME is the sandbox's own,
-# and a checkout owned by another uid would otherwise make every git command refuse it).
-_ADOPT_WORKDIR = r"""
-[ -d "$1" ] || { echo "no directory $1 in the image" >&2; exit 3; }
-git config --system --add safe.directory "$1" 2>/dev/null || true
+# SIGKILLs every process in the container but its init (pid 1), the process init started (the
+# `sleep` that keeps the container up: init's oldest child, older than anything the agent can
+# start or orphan onto init) and itself, zombies left to init, until a scan finds none; then
+# prints df's line for /sandbox. Exit 1 if some survive 2000 scans. It forks nothing until then:
+# under a fork bomb no pid is free.
+_KILL_ALL = r"""
+oldest= sleeper=
+for d in /proc/[0-9]*; do
+  read -r stat 2>/dev/null <"$d/stat" || continue
+  set -- ${stat##*) }
+  [ "$2" = 1 ] || continue
+  if [ -z "$oldest" ] || [ "${20}" -lt "$oldest" ]; then oldest=${20} sleeper=${d#/proc/}; fi
+done
+keep=" 1 $sleeper $$ "
+round=0
+while :; do
+  found=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case "$keep" in *" $p "*) continue ;; esac
+    read -r stat 2>/dev/null <"$d/stat" || continue
+    state=${stat##*) }
+    [ "${state%% *}" = Z ] && continue
+    kill -9 "$p" 2>/dev/null && found=1
+  done
+  if [ -z "$found" ]; then df -Pk /sandbox | tail -n 1; exit 0; fi
+  round=$((round + 1))
+  [ "$round" -ge 2000 ] && exit 1
+done
 """
 
 # SIGKILLs every process whose environment holds $1=$2, until a scan finds none (a process
@@ -109,6 +151,9 @@ for round in 1 2 3 4 5; do
 done
 true
 """
+
+_FULL_KIB = 1024  # /sandbox with less free space than this after the agent's turn is full
+
 
 def _docker() -> Any:
     try:
@@ -276,6 +321,8 @@ class DockerSandbox(Sandbox):
         self._relays: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
         self._jobs: list[DockerJob] = []  # background jobs, whose streams close() closes
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
+        self._volume: Any = None
+        self._disk = backend.disk
         self._env = {
             "PATH": _CONTAINER_PATH,
             "LANG": "C.UTF-8",
@@ -287,47 +334,65 @@ class DockerSandbox(Sandbox):
             "no_proxy": "127.0.0.1,localhost,::1",
             **spec.env,
         }
+        if spec.workdir is not None:  # git refuses a checkout another uid owns unless trusted
+            self._env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="safe.directory",
+                             GIT_CONFIG_VALUE_0=self.workdir)  # fmt: skip
         image = spec.image or backend.image
-        mounts = {str(self._run_dir): f"{self.root}/run"}
-        volumes = {host: {"bind": inside, "mode": "rw"} for host, inside in mounts.items()}
-        for host, inside in backend.read_only_mounts(spec).items():
-            volumes[host] = {"bind": inside, "mode": "ro"}
         docker = _docker()
+        labels = {**owner_labels(), f"{LABEL}.id": self.id, f"{LABEL}.label": spec.label}
         try:
+            self._volume = backend._client.volumes.create(
+                driver="local",
+                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": f"size={backend.disk}"},
+                labels=labels,
+            )
+            Mount = docker.types.Mount
+            mounts = [
+                Mount("/sandbox", self._volume.name, type="volume"),
+                Mount(f"{self.root}/run", str(self._run_dir), type="bind"),
+                *(Mount(inside, host, type="bind", read_only=True)
+                  for host, inside in backend.read_only_mounts(spec).items()),
+            ]  # fmt: skip
+            if spec.workdir is not None:  # anonymous: filled from the image, removed with it
+                mounts.append(Mount(self.workdir, None, type="volume"))
             self.container = backend._client.containers.create(
                 image,
                 command=["sleep", "infinity"],
                 init=True,  # reaps the orphans a killed command leaves behind
-                labels={**owner_labels(), f"{LABEL}.id": self.id, f"{LABEL}.label": spec.label},
+                labels=labels,
                 network_mode="none",
+                read_only=True,
+                tmpfs={"/tmp": f"size={backend.tmp}"},
                 nano_cpus=int(backend.cpus * 1e9),
                 mem_limit=backend.memory,
                 pids_limit=backend.pids,
-                volumes=volumes,
+                mounts=mounts,
                 hostname="harness-gym",
                 working_dir="/",
             )
         except docker.errors.ImageNotFound as exc:
-            _rmtree(self._run_dir)
+            self.close()
             raise SandboxError(
                 f"docker image {image!r} not found: build it with scripts/docker-image"
             ) from exc
         except docker.errors.DockerException as exc:
-            _rmtree(self._run_dir)
+            self.close()
             raise SandboxError(f"could not create a container from {image!r}: {exc}") from exc
         try:
-            layout = [("sandbox", None, 0o755), (self.root[1:], None, 0o755)]
-            layout += [(f"{self.root[1:]}/{d}", None, 0o755) for d in ("home", "tmp", "logs")]
-            if spec.repo is None and spec.workdir is None:
-                layout.append((self.workdir[1:], None, 0o755))
-            self.container.put_archive("/", _tar(layout))
-            if spec.repo is not None:
-                self.container.put_archive("/", _tar_tree(Path(spec.repo), self.workdir[1:]))
             self.container.start()
+            # After start: the /sandbox volume is mounted only in a running container.
+            layout = [(self.id, None, 0o755)]
+            layout += [(f"{self.id}/{d}", None, 0o755) for d in ("home", "tmp", "logs")]
+            if spec.repo is None and spec.workdir is None:
+                layout.append((f"{self.id}/work", None, 0o755))
+            self.container.put_archive("/sandbox", _tar(layout))
+            if spec.repo is not None:
+                repo = _tar_tree(Path(spec.repo), f"{self.id}/work")
+                self.container.put_archive("/sandbox", repo)
             if spec.workdir is not None:
-                adopt = self.container.exec_run(["sh", "-c", _ADOPT_WORKDIR, "sh", self.workdir])
-                if adopt.exit_code != 0:
-                    said = adopt.output.decode(errors="replace").strip()[-500:]
+                check = self.container.exec_run(["sh", "-c", _CHECK_WORKDIR, "sh", self.workdir])
+                if check.exit_code != 0:
+                    said = check.output.decode(errors="replace").strip()[-500:]
                     raise SandboxError(
                         f"image {image!r} has no repo at workdir {self.workdir!r} ({said}); "
                         "set the row's repo_path to where its image keeps the checkout"
@@ -382,10 +447,14 @@ class DockerSandbox(Sandbox):
             self.container.exec_run(["sh", "-c", _KILL_MARKED, "sh", marker, value])
 
     def _read_text(self, path: str) -> str:
-        try:
-            return self.read_file(path).decode("utf-8", errors="replace")
-        except SandboxError:
+        """The file's last `OUTPUT_LIMIT_BYTES` as text ("" if it cannot be read)."""
+        if self._closed:
             return ""
+        try:
+            tail = self.container.exec_run(["tail", "-c", str(OUTPUT_LIMIT_BYTES), path])
+        except _docker().errors.DockerException:
+            return ""
+        return tail.output.decode("utf-8", errors="replace") if tail.exit_code == 0 else ""
 
     # -- the seam --------------------------------------------------------------------------
 
@@ -482,33 +551,79 @@ class DockerSandbox(Sandbox):
             )
         return relay
 
+    def _stop_relays(self) -> None:
+        with self._lock:
+            relays, self._relays = list(self._relays.values()), {}
+        for relay in relays:
+            stop_relay(relay)
+
+    def kill_processes(self) -> None:
+        """Kill every process in the container but its own init and sleep, and stop the proxy
+        relay (see `Sandbox.kill_processes`)."""
+        self._check_open()
+        self._stop_relays()
+        said, code = "", 1
+        for _ in range(50):  # the exec needs a free pid: a fork bomb may hold every one
+            try:
+                done = self.container.exec_run(["sh", "-c", _KILL_ALL])
+            except _docker().errors.APIError as exc:
+                said, code = str(exc), 1
+                if self._stopped():  # its processes are gone with it; grading cannot run
+                    self.fault = "the agent stopped its own container (killed its init or sleep)"
+                    return
+            else:
+                said, code = done.output.decode(errors="replace"), done.exit_code
+                if code == 0:
+                    break
+            time.sleep(0.1)
+        if code != 0:
+            raise SandboxError(f"processes of sandbox {self.id} survived SIGKILL: {said[-500:]}")
+        fields = said.split()
+        if len(fields) >= 4 and fields[3].isdigit() and int(fields[3]) < _FULL_KIB:
+            self.fault = (
+                f"the agent filled the sandbox's disk (/sandbox, {self._disk}): commands "
+                "cannot write their output there any more"
+            )
+
+    def _stopped(self) -> bool:
+        try:
+            self.container.reload()
+        except _docker().errors.DockerException:
+            return False
+        return self.container.status != "running"
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            relays, self._relays = list(self._relays.values()), {}
             jobs, self._jobs = self._jobs, []
+        docker = _docker()
         container = getattr(self, "container", None)
         if container is not None:
             try:
-                container.remove(force=True)
-            except _docker().errors.NotFound:
+                container.remove(force=True, v=True)  # v: the workdir's anonymous volume too
+            except docker.errors.NotFound:
+                pass
+        if self._volume is not None:
+            try:
+                self._volume.remove(force=True)
+            except docker.errors.NotFound:
                 pass
         for job in jobs:
             job.close_stream()
-        for relay in relays:
-            stop_relay(relay)
+        self._stop_relays()
         _rmtree(self._run_dir)
 
 
 class DockerSandboxBackend(SandboxBackend):
     """Sandboxes as containers on the local docker daemon (see module doc).
 
-    `cpus`, `memory` (docker's syntax, e.g. "4g") and `pids` limit each container; `image` is
-    used when a spec names none; `extra_mounts` maps host paths to container paths bound
-    read-only besides the harness cache. Creating the backend removes labelled containers left
-    by owners that are gone.
+    `cpus`, `memory` (docker's syntax, e.g. "4g") and `pids` limit each container, `disk` its
+    /sandbox tmpfs and `tmp` its /tmp (same syntax; both count in `memory`); `image` is used
+    when a spec names none; `extra_mounts` maps host paths to container paths bound read-only
+    besides the harness cache. Creating the backend removes labelled containers and volumes
+    left by owners that are gone.
     """
 
     name = "docker"
@@ -521,6 +636,8 @@ class DockerSandboxBackend(SandboxBackend):
         cpus: float = 2.0,
         memory: str = "4g",
         pids: int = 2048,
+        disk: str = "2g",
+        tmp: str = "512m",
         extra_mounts: Mapping[str, str] | None = None,
         reap: bool = True,
     ) -> None:
@@ -528,6 +645,8 @@ class DockerSandboxBackend(SandboxBackend):
         self.cpus = cpus
         self.memory = memory
         self.pids = pids
+        self.disk = disk
+        self.tmp = tmp
         self.extra_mounts = dict(extra_mounts or {})
         docker = _docker()
         import requests
@@ -548,14 +667,23 @@ class DockerSandboxBackend(SandboxBackend):
         return {**mounts, **self.extra_mounts}
 
     def reap_stale(self) -> list[str]:
-        """Remove labelled containers whose owner process is gone; their ids."""
+        """Remove labelled containers and volumes whose owner process is gone; their ids."""
         removed = []
-        for container in self._client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        errors = _docker().errors
+        stale = {"label": f"{LABEL}=1"}
+        for container in self._client.containers.list(all=True, filters=stale):
             if owner_is_gone(container.labels):
                 try:
-                    container.remove(force=True)
+                    container.remove(force=True, v=True)
                     removed.append(container.id)
-                except _docker().errors.NotFound:
+                except errors.NotFound:
+                    pass
+        for volume in self._client.volumes.list(filters=stale):
+            if owner_is_gone(volume.attrs.get("Labels") or {}):
+                try:
+                    volume.remove(force=True)
+                    removed.append(volume.id)
+                except (errors.NotFound, errors.APIError):  # APIError: still in use
                     pass
         return removed
 

@@ -1,10 +1,22 @@
 """The `local` sandbox: a temp dir and a process group per command, on the host itself.
 
 No isolation beyond the filesystem layout and a clean environment: commands see the host's
-files and network. What it does guarantee is cleanup (DESIGN invariant 5): every command runs
-in its own session, a timeout kills the whole group, and killing a job or closing the sandbox
-also kills processes that left the group with setsid(), found by marker variables
-(HARNESS_GYM_JOB_ID, HARNESS_GYM_SANDBOX_ID) in their environment.
+files and network, and can write wherever the host user can (a `.pth` in this interpreter's
+site-packages runs in every later grading). So `local` is never chosen for you
+(`default_sandbox()` picks `bwrap` or `docker`), and creating the backend warns with
+`UnisolatedSandboxWarning`: it is for debugging a harness, not for training.
+
+What it does guarantee is cleanup (DESIGN invariant 5), best effort: every command runs in its
+own session, a timeout kills the whole group, and killing a job, `kill_processes()` or closing
+the sandbox also kills processes that left the group with setsid(), found by marker variables
+(HARNESS_GYM_JOB_ID, HARNESS_GYM_SANDBOX_ID) in their environment. A process that scrubbed its
+environment (`env -i`) escapes that search; where this host lets us make cgroups (root), every
+command also runs in the sandbox's own cgroup (`_cgroups.py`), which finds it anyway and caps
+the sandbox's processes (`pids`, so a fork bomb stops there).
+
+Caps: `disk_bytes` on the sandbox's tree (a check while the agent runs, `_disk.py`: over it,
+the sandbox kills its processes and sets `fault`), RLIMIT_FSIZE at the same size on every command,
+and what `exec`/`Job.wait` return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
 
 Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close()`)::
 
@@ -25,13 +37,36 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import _processes as procs
+from ._cgroups import SandboxCgroup, reap_stale_cgroups
+from ._disk import DiskWatch
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 
 TIMEOUT_EXIT_CODE = 124
+# What `exec` and `Job.wait` keep of a command's stdout and of its stderr: the last 32 MiB (an
+# agent that prints gigabytes must not take the trainer's memory with it).
+OUTPUT_LIMIT_BYTES = 32 * 2**20
+DEFAULT_PIDS = 1024  # processes and threads per sandbox, where a cgroup enforces it
+DEFAULT_DISK_BYTES = 4 * 2**30
+
+
+class UnisolatedSandboxWarning(UserWarning):
+    """A sandbox backend that does not isolate the agent from the host (`local`): an agent can
+    write into the interpreter that grades it, leave processes behind, reach host services."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-sandbox caps: processes and threads (where a cgroup can enforce it) and bytes on
+    disk (checked while the agent runs)."""
+
+    pids: int = DEFAULT_PIDS
+    disk_bytes: int = DEFAULT_DISK_BYTES
 
 # Variables passed through from the host; everything else (API keys, tokens, HTTP_PROXY, which
 # would send a CLI's loopback traffic to a corporate proxy) stays out.
@@ -60,11 +95,21 @@ def _argv(command: Sequence[str] | str) -> list[str]:
     return ["bash", "-c", command] if isinstance(command, str) else list(command)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, limit: int = OUTPUT_LIMIT_BYTES) -> str:
+    """The file's last `limit` bytes as text ("" when it does not exist)."""
     try:
-        return path.read_bytes().decode("utf-8", errors="replace")
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - limit))
+            return handle.read(limit).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _fsize_limit(limit: int) -> list[str]:
+    """An argv prefix that caps every file the command writes at `limit` bytes (RLIMIT_FSIZE),
+    or nothing where util-linux's `prlimit` is missing."""
+    return ["prlimit", f"--fsize={limit}:{limit}", "--"] if shutil.which("prlimit") else []
 
 
 class LocalJob(Job):
@@ -122,12 +167,16 @@ class LocalJob(Job):
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, spec: SandboxSpec) -> None:
+    job_class: type[LocalJob] = LocalJob
+
+    def __init__(self, spec: SandboxSpec, limits: SandboxLimits | None = None) -> None:
         self.id = uuid.uuid4().hex[:16]
+        self.limits = limits or SandboxLimits()
         self.root = Path(tempfile.mkdtemp(prefix="harness-gym-"))
         self._jobs: list[LocalJob] = []
         self._closed = False
         self._lock = threading.Lock()
+        self._cgroup: SandboxCgroup | None = None
         try:
             work = self.root / "work"
             if spec.repo is not None:
@@ -136,6 +185,7 @@ class LocalSandbox(Sandbox):
                 work.mkdir()
             for sub in ("home", "tmp", "logs"):
                 (self.root / sub).mkdir()
+            self._cgroup = SandboxCgroup.make(self.id, self.limits.pids)
         except BaseException as exc:
             shutil.rmtree(self.root, ignore_errors=True)
             raise SandboxError(f"could not create a sandbox from {spec.repo}: {exc}") from exc
@@ -143,6 +193,25 @@ class LocalSandbox(Sandbox):
         self.home = str(self.root / "home")
         self._env = _base_env(self.root, self.id)
         self._env.update(spec.env)
+        self._launcher = (self._cgroup.launcher() if self._cgroup else []) + _fsize_limit(
+            self.limits.disk_bytes
+        )
+        self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
+
+    @property
+    def pids_limited(self) -> bool:
+        """Whether a cgroup caps this sandbox's processes (see module doc)."""
+        return self._cgroup is not None
+
+    def _disk_exceeded(self, used: int) -> None:
+        self.fault = (
+            f"the sandbox's files grew to {used / 2**20:.0f} MiB, past its disk cap of "
+            f"{self.limits.disk_bytes / 2**20:.0f} MiB: its processes were killed"
+        )
+        try:
+            self._kill_all()
+        except SandboxError:
+            pass  # close() tries again
 
     # -- paths and environment -------------------------------------------------------------
 
@@ -166,6 +235,7 @@ class LocalSandbox(Sandbox):
         env: Mapping[str, str] | None,
         stdout_path: Path,
         stdin_path: Path | None,
+        background: bool = False,
     ) -> LocalJob:
         self._check_open()
         job_id = uuid.uuid4().hex
@@ -179,7 +249,7 @@ class LocalSandbox(Sandbox):
                 open(stdin_path or os.devnull, "rb") as stdin,
             ):
                 proc = subprocess.Popen(
-                    _argv(command),
+                    [*self._launcher, *_argv(command)],
                     cwd=self.path(cwd) if cwd else self.workdir,
                     env={**self._command_env(env), procs.JOB_MARKER: job_id},
                     stdin=stdin,  # never the host's: a CLI that reads stdin would hang on it
@@ -189,7 +259,7 @@ class LocalSandbox(Sandbox):
                 )
         except OSError as exc:
             raise SandboxError(f"could not start {command!r}: {exc}") from exc
-        job = LocalJob(proc, job_id, stdout_path, stderr_path, started)
+        job = self.job_class(proc, job_id, stdout_path, stderr_path, started)
         with self._lock:
             self._jobs.append(job)
         return job
@@ -236,7 +306,9 @@ class LocalSandbox(Sandbox):
         """Start in the background. stdout goes to `stdout_path` (default: a file under the
         sandbox's logs/), stderr to the same path plus `.stderr`."""
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
-        return self._spawn(command, cwd, env, out, None)
+        job = self._spawn(command, cwd, env, out, None, background=True)
+        self._disk_watch.start()  # the agent's turn: a harness runs in the background
+        return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         target = self.path(path)
@@ -250,16 +322,40 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxError(f"could not read {path} in sandbox {self.root}: {exc}") from exc
 
+    def _kill_all(self) -> None:
+        """Kill every job's processes, the marked escapees, and whatever the cgroup still
+        holds."""
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.kill()
+        procs.kill_marked(procs.SANDBOX_MARKER, self.id)
+        if self._cgroup is not None and not self._cgroup.kill_all():
+            left = self._cgroup.pids()
+            raise SandboxError(f"sandbox {self.id}: processes {left[:10]} survived SIGKILL")
+
+    def kill_processes(self) -> None:
+        """Kill everything the sandbox's commands started (see `Sandbox.kill_processes`).
+        Exact where a cgroup holds the sandbox; else processes that scrubbed their
+        environment and left their session escape (the module doc says why)."""
+        self._check_open()
+        self._disk_watch.stop()
+        self._kill_all()
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            jobs, self._jobs = self._jobs, []
-        for job in jobs:
-            job.kill()
-        procs.kill_marked(procs.SANDBOX_MARKER, self.id)
-        _rmtree(self.root)
+        self._disk_watch.stop()
+        try:
+            self._kill_all()
+        finally:
+            with self._lock:
+                self._jobs = []
+            if self._cgroup is not None:
+                self._cgroup.remove()
+            _rmtree(self.root)
 
 
 def _rmtree(root: Path) -> None:
@@ -281,9 +377,23 @@ def _rmtree(root: Path) -> None:
 
 
 class LocalSandboxBackend(SandboxBackend):
-    """Sandboxes as temp dirs on this host. Isolation: filesystem layout and env only."""
+    """Sandboxes as temp dirs on this host. Isolation: filesystem layout and env only; not
+    safe for training (it warns once, `UnisolatedSandboxWarning`). `pids` and `disk_bytes`
+    cap each sandbox (see module doc)."""
 
     name = "local"
 
+    def __init__(self, *, pids: int = DEFAULT_PIDS, disk_bytes: int = DEFAULT_DISK_BYTES) -> None:
+        self.limits = SandboxLimits(pids=pids, disk_bytes=disk_bytes)
+        reap_stale_cgroups()
+        if type(self) is LocalSandboxBackend:
+            warnings.warn(
+                "the 'local' sandbox does not isolate the agent: it can write into the "
+                "interpreter that grades it, leave processes behind and reach host services. "
+                "Use it to debug a harness, not to train; sandbox='bwrap' or 'docker' isolate.",
+                UnisolatedSandboxWarning,
+                stacklevel=2,
+            )
+
     def create(self, spec: SandboxSpec) -> LocalSandbox:
-        return LocalSandbox(spec)
+        return LocalSandbox(spec, self.limits)

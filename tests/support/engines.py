@@ -58,3 +58,20 @@ def tool_call_script(turns: int, tool: str = "bash"):
         return f"Running step {done}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
     return script
+
+
+def shell_script(commands, tool: str = "bash", done: str = "All done."):
+    """A script that runs `commands` through the harness's shell tool, one per turn, then says
+    `done`. `commands` is a list, or a function of the prompt text that returns one (so one
+    engine can play a different agent per task). The turn is read from how many tool results
+    the prompt already holds."""
+
+    def script(prompt_text: str) -> str:
+        todo = commands(prompt_text) if callable(commands) else commands
+        turn = prompt_text.count("<tool_response>")
+        if turn >= len(todo):
+            return done
+        call = {"name": tool, "arguments": {"command": todo[turn]}}
+        return f"Step {turn}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    return script

@@ -33,7 +33,7 @@ routes, with the field names, shapes, status codes and error wordings of the vLL
   `return_token_ids`), `token_ids` (with `return_token_ids`), `weight_versions` (spans, on the
   last chunk with `return_weight_versions`); no `usage` key unless `stream_options.include_usage`
   (then a last chunk with `choices: []`). `return_tokens_as_token_ids` writes logprobs tokens as
-  "token_id:N". A paused engine (abort/wait) answers a stream with 200 and an error event 503.
+  "token_id:N" (`token_ids_in_logprobs=False` ignores it, as servers without the flag do). A paused engine (abort/wait) answers a stream with 200 and an error event 503.
 - Dev mode (`dev_mode=True`, vLLM's `VLLM_SERVER_DEV_MODE=1`; entrypoints/rl/online/
   api_router.py): `/pause?mode=abort|wait|keep`, `/resume`, `/is_paused`,
   `/start_weight_update`, `/update_weights`, `/finish_weight_update` (optional
@@ -81,6 +81,7 @@ class ServedRequest:
     """One `/v1/completions` request and what the server sent back for it."""
 
     body: dict[str, Any]
+    peer: int | None = None  # the client's port: one per TCP connection
     status: int = 200
     error: str | None = None  # the error message, when one was sent
     effective: dict[str, Any] = field(default_factory=dict)  # sampling vLLM would use
@@ -116,11 +117,13 @@ class VLLMWireServer:
         generation_config: dict[str, Any] | None = None,
         dev_mode: bool = False,
         eos_token_id: int | None = None,
+        token_ids_in_logprobs: bool = True,
     ) -> None:
         self.engine = engine
         self.model = model
         self.max_model_len = max_model_len or engine.max_context
         self.logprobs_mode = logprobs_mode
+        self.token_ids_in_logprobs = token_ids_in_logprobs
         self.generation_config = dict(generation_config or {})
         # The model's EOS ends every generation (vLLM adds it to each request's stops).
         self.eos_token_id = engine.tokenizer.eos_token_id if eos_token_id is None else eos_token_id
@@ -204,7 +207,7 @@ class VLLMWireServer:
 
     async def _completions(self, request: Request) -> Response:
         body = await request.json()
-        record = ServedRequest(body)
+        record = ServedRequest(body, peer=request.client.port if request.client else None)
         self.served.append(record)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
@@ -272,7 +275,7 @@ class VLLMWireServer:
         body, effective = record.body, record.effective
         tokenizer = self.engine.tokenizer
         want_ids = bool(body.get("return_token_ids"))
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        as_ids = bool(body.get("return_tokens_as_token_ids")) and self.token_ids_in_logprobs
         want_logprobs = body.get("logprobs") is not None
         stops = tuple(body.get("stop_token_ids") or ())
         sampling = SamplingParams(

@@ -1,0 +1,89 @@
+"""A disk cap for a sandbox whose files live in a host directory (`local`, `bwrap`).
+
+No mechanism here both caps a directory's size and works without privileges (a tmpfs or a loop
+mount needs root, quotas need filesystem support), so the cap is a check: while the agent's
+commands run, a thread measures the tree every `interval_s` and, once it is over the limit, calls
+`on_exceeded` (the sandbox kills its processes and records why). A writer can overshoot by what
+it writes in one interval; commands also run with RLIMIT_FSIZE at the limit (`prlimit`), so no
+single file grows past it. The episode then ends `harness_error`, and the host disk keeps its
+space.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+
+def tree_bytes(root: Path | str) -> int:
+    """Bytes allocated to the files under `root` (sparse files count what they hold; hard links
+    once; symlinks are not followed)."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:  # removed meanwhile, or not readable
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+                elif info.st_nlink > 1:
+                    key = (info.st_dev, info.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                total += info.st_blocks * 512
+    return total
+
+
+class DiskWatch:
+    """Measures `root` every `interval_s` from `start()` to `stop()`; over `limit_bytes`, calls
+    `on_exceeded(bytes_used)` once and stops."""
+
+    def __init__(
+        self,
+        root: Path,
+        limit_bytes: int,
+        on_exceeded: Callable[[int], None],
+        interval_s: float = 1.0,
+    ) -> None:
+        self.root = root
+        self.limit_bytes = limit_bytes
+        self.interval_s = interval_s
+        self._on_exceeded = on_exceeded
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start watching (idempotent; a stopped watch stays stopped)."""
+        with self._lock:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="harness-gym-disk-watch", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            used = tree_bytes(self.root)
+            if used > self.limit_bytes:
+                self._stop.set()
+                self._on_exceeded(used)
+                return

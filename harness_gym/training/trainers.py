@@ -1,0 +1,109 @@
+"""TRL trainers whose loss runs through `FrozenPrefixScorer`: the prompt without gradient, computed
+once per weight version and shared by the rows that start with it (see `frozen_prefix` for the
+exact gradient). Imports TRL: load it only where TRL is installed.
+
+`FrozenPrefixSFTTrainer` is what `harness_gym.sft.sft_trainer(..., frozen_prefix=True)` builds.
+`FrozenPrefixGRPOTrainer` is a drop-in `GRPOTrainer` for `make_rollout_func` rows, whose prompt
+is a Pi episode's first request (~1.6k tokens) and whose completion is the rest of the segment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer, SFTTrainer
+
+from .frozen_prefix import FrozenPrefixScorer
+
+__all__ = ["FrozenPrefixGRPOTrainer", "FrozenPrefixSFTTrainer"]
+
+IGNORE_INDEX = -100
+
+
+class _FrozenPrefixMixin:
+    """One `FrozenPrefixScorer` per model object the trainer scores with."""
+
+    _scorers: dict[int, FrozenPrefixScorer]
+
+    def _scorer(self, model: Any) -> FrozenPrefixScorer:
+        model = getattr(self, "accelerator").unwrap_model(model)
+        scorers = self.__dict__.setdefault("_scorers", {})
+        scorer = scorers.get(id(model))
+        if scorer is None or scorer.model is not model:
+            scorer = scorers[id(model)] = FrozenPrefixScorer(model)
+        return scorer
+
+    def frozen_prefix_stats(self) -> dict[str, int]:
+        """Positions run without gradient (prefix cache misses) and with it, all models."""
+        scorers = self.__dict__.get("_scorers", {}).values()
+        return {"frozen_tokens": sum(s.frozen_tokens for s in scorers),
+                "grad_tokens": sum(s.grad_tokens for s in scorers),
+                "reused_tokens": sum(s.cache.stats.reused_tokens for s in scorers)}
+
+
+def _rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each row's real tokens (padding on either side removed)."""
+    if attention_mask is None:
+        return list(input_ids)
+    return [ids[mask.bool()] for ids, mask in zip(input_ids, attention_mask, strict=True)]
+
+
+class FrozenPrefixSFTTrainer(_FrozenPrefixMixin, SFTTrainer):
+    """`SFTTrainer` whose loss is the same masked mean NLL, computed row by row from the first
+    labelled position on, with everything before it frozen (`frozen_prefix`)."""
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        if return_outputs:
+            raise ValueError("FrozenPrefixSFTTrainer computes no model outputs to return")
+        scorer = self._scorer(model)
+        mask = inputs.get("attention_mask")
+        total = torch.zeros((), device=inputs["input_ids"].device)
+        count = 0
+        rows = zip(_rows(inputs["input_ids"], mask), _rows(inputs["labels"], mask), strict=True)
+        for ids, labels in rows:
+            labelled = (labels[1:] != IGNORE_INDEX).nonzero()
+            if labelled.numel() == 0:
+                continue
+            start = int(labelled[0]) + 1  # position 0 is never predicted
+            logps, _ = scorer.token_logprobs(ids.tolist(), start)
+            keep = labels[start:] != IGNORE_INDEX
+            total = total - logps[keep].sum()
+            count += int(keep.sum())
+        denominator = count if num_items_in_batch is None else num_items_in_batch
+        loss = total / torch.as_tensor(denominator, device=total.device).clamp(min=1)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["loss_tokens"].append(float(count))
+        return loss
+
+
+class FrozenPrefixGRPOTrainer(_FrozenPrefixMixin, GRPOTrainer):
+    """`GRPOTrainer` whose per-token logprobs (the policy's, TRL's re-computed "old" ones, the
+    reference model's) come from `FrozenPrefixScorer`: each row's prompt is frozen and shared,
+    its completion runs with gradient. Text-only models."""
+
+    def _get_per_token_logps_and_entropies(
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+        logits_to_keep: int, batch_size: int | None = None, compute_entropy: bool = False,
+        compute_aux_loss: bool = False, **multimodal: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        if any(value is not None for value in multimodal.values()) or compute_aux_loss:
+            raise ValueError("FrozenPrefixGRPOTrainer scores text-only, dense models")
+        scorer = self._scorer(model)
+        rows = len(input_ids)
+        logps = torch.zeros(rows, logits_to_keep, device=input_ids.device)
+        entropies = torch.zeros_like(logps) if compute_entropy else None
+        completion_lengths = attention_mask[:, -logits_to_keep:].sum(dim=1).tolist()
+        # TRL left-pads prompts and right-pads completions: a row's real tokens are its prompt
+        # then its first `n` completion tokens.
+        for row, (ids, n) in enumerate(zip(_rows(input_ids, attention_mask), completion_lengths,
+                                           strict=True)):
+            if n == 0:
+                continue
+            picked, entropy = scorer.token_logprobs(
+                ids.tolist(), len(ids) - n, temperature=self.temperature, entropy=compute_entropy)
+            logps[row, :n] = picked
+            if entropies is not None and entropy is not None:
+                entropies[row, :n] = entropy
+        return logps, entropies, None

@@ -1,0 +1,611 @@
+"""Asynchronous GRPO: episodes keep running while the optimiser steps (issue 15).
+
+The CPU path is `AsyncGRPOLoop` driving our `HarnessRolloutWorker` and `EngineWeightTransfer`
+through TRL 1.16's two protocols, because `AsyncGRPOTrainer` itself cannot run here (the first
+test pins where). The slow tests run the tiny model on real Pi episodes; the others use the tiny
+engine directly (real generations, real weights) and, for vLLM, the wire-protocol fake
+`support/vllm_wire_server.py` driven by TRL's own client (no NCCL transfer can run here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import inspect
+import itertools
+import json
+import math
+import os
+import queue
+import shutil
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+pytest.importorskip("trl")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from support.vllm_wire_server import VLLMWireServer
+from transformers import AutoModelForCausalLM
+from trl.experimental.async_grpo import AsyncGRPOConfig
+from trl.experimental.async_grpo.async_grpo_trainer import (
+    RolloutWorkerProtocol,
+    WeightTransferProtocol,
+)
+from trl.experimental.async_grpo.packing import TreeRow
+
+from harness_gym.engines import SamplingParams, load_engine
+from harness_gym.engines.scripted import ScriptedEngine
+from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir
+from harness_gym.engines.vllm import VLLMEngine
+from harness_gym.engines.weight_updates import WeightUpdateError
+from harness_gym.episode import EpisodeResult
+from harness_gym.integrations.async_grpo import (
+    HarnessRolloutWorker,
+    RolloutWorkerError,
+    segment_samples,
+)
+from harness_gym.integrations.async_loop import AsyncGRPOLoop, grpo_token_loss
+from harness_gym.integrations.weight_transfer import EngineWeightTransfer, VLLMWeightTransfer
+from harness_gym.proxy import InterceptionProxy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    engine = load_engine("tiny")
+    yield engine
+    engine.close()
+
+
+def tiny_model() -> Any:
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+
+
+def args(tmp_path, **overrides: Any) -> AsyncGRPOConfig:
+    settings = dict(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+                    learning_rate=1e-2, max_staleness=1, use_cpu=True, report_to="none",
+                    save_strategy="no", bf16=False, seed=0)
+    settings.update(overrides)
+    return AsyncGRPOConfig(**settings)
+
+
+def generated_segment(engine, text: str, version: int, max_tokens: int = 8) -> dict[str, Any]:
+    """A trace segment of one real generation of the tiny engine."""
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
+    out = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=max_tokens, seed=0)))
+    return {"role": "agent", "prompt_ids": list(prompt), "response_ids": out.token_ids,
+            "loss_mask": [1] * len(out.token_ids), "response_logprobs": out.logprobs,
+            "policy_version": version, "policy_versions": [version]}
+
+
+def weights_digest(model: Any) -> str:
+    digest = hashlib.sha256()
+    for _, tensor in sorted(model.state_dict().items()):
+        digest.update(tensor.detach().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# --- why a loop of our own ----------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the finding is about CPU-only torch")
+def test_async_grpo_trainer_cannot_run_on_the_cpu_even_with_both_protocols(tiny, tmp_path):
+    from datasets import Dataset
+    from trl.experimental.async_grpo import AsyncGRPOTrainer, packing
+
+    transfer = EngineWeightTransfer(tiny)
+    worker = HarnessRolloutWorker("builtin", group_size=2, harness="pi", engine=tiny)
+    with pytest.raises(AssertionError, match="Torch not compiled with CUDA") as failure:
+        AsyncGRPOTrainer(model=str(tiny_model_dir()), args=args(tmp_path, token_budget=0),
+                         processing_class=load_tiny_tokenizer(),
+                         train_dataset=Dataset.from_dict({"prompt": ["x"] * 4}),
+                         rollout_worker=worker, weight_transfer=transfer)
+    names = [entry.name for entry in failure.traceback]
+    assert "get_peak_flops_per_device" in names  # trl/trainer/utils.py:1824, from __init__
+    # The second wall, met by every forward: the attention kernel is FlashAttention 3 from the Hub.
+    assert packing.TREE_ATTENTION == "tree_fa3"
+    if importlib_has("kernels"):
+        pytest.skip("`kernels` is installed here; FA3 would still need CUDA and a download")
+    with pytest.raises(ModuleNotFoundError, match="kernels"):
+        packing._flash_attn()
+
+
+def importlib_has(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def test_the_worker_and_the_transfers_have_trls_protocol_members():
+    def members(protocol: type) -> dict[str, inspect.Signature]:
+        return {name: inspect.signature(value) for name, value in vars(protocol).items()
+                if callable(value) and not name.startswith("_")}
+
+    worker_api = members(RolloutWorkerProtocol)
+    assert set(worker_api) == {"start", "stop", "update_model_version", "check_health"}
+    for name, signature in worker_api.items():
+        ours = inspect.signature(getattr(HarnessRolloutWorker, name))
+        assert list(ours.parameters) == list(signature.parameters), name
+    worker = HarnessRolloutWorker("builtin", harness="pi", engine="oracle")
+    assert isinstance(worker.rollout_buffer, queue.Queue)
+    assert isinstance(worker.metrics_queue, queue.Queue)
+    transfer_api = members(WeightTransferProtocol)
+    for cls in (EngineWeightTransfer, VLLMWeightTransfer):
+        for name, signature in transfer_api.items():
+            ours = inspect.signature(getattr(cls, name))
+            assert list(ours.parameters) == list(signature.parameters), (cls, name)
+
+
+# --- samples ------------------------------------------------------------------------------
+
+
+def test_a_segment_becomes_a_sample_that_trl_packs_into_its_own_tokens_and_p_old(tiny):
+    segment = generated_segment(tiny, "pack me", version=3)
+    segment["response_ids"] += [5, 6]  # a tool result the proxy inserted: outside the loss
+    segment["loss_mask"] += [0, 0]
+    segment["response_logprobs"] += [0.0, 0.0]
+    (sample,) = segment_samples([segment], advantage=0.5, group_id=7, reward=1.0)
+    assert sample.model_version == 3 and sample.group_id == 7 and sample.advantage == 0.5
+    assert sample.input_ids.tolist() == segment["prompt_ids"] + segment["response_ids"]
+    # What TRL's own packer makes of it: exactly the sampled tokens, with their p_old.
+    row = TreeRow()
+    row.add({"input_ids": torch.as_tensor(sample.input_ids),
+             "completion_mask": torch.as_tensor(sample.completion_mask),
+             "old_log_probs": torch.as_tensor(sample.old_log_probs),
+             "advantage": sample.advantage, "group_id": sample.group_id})
+    packed = row.pack()
+    trained = packed["shift_labels"][packed["token_index"]].tolist()
+    sampled = [t for t, m in zip(segment["response_ids"], segment["loss_mask"]) if m]
+    assert trained == sampled
+    expected = torch.tensor([p for p, m in zip(segment["response_logprobs"], segment["loss_mask"])
+                             if m], dtype=torch.float32)
+    assert torch.equal(packed["old_log_probs"], expected)
+
+
+def test_only_agent_segments_with_sampled_tokens_are_trained_unless_auxiliary_is_asked_for(tiny):
+    agent = generated_segment(tiny, "agent", version=1)
+    auxiliary = dict(generated_segment(tiny, "title", version=1), role="auxiliary")
+    discarded = dict(agent, role="discarded")
+    untouched = dict(agent, loss_mask=[0] * len(agent["loss_mask"]))
+    trace = [agent, auxiliary, discarded, untouched]
+    assert len(segment_samples(trace, advantage=1.0, group_id=0, reward=1.0)) == 1
+    both = segment_samples(trace, advantage=1.0, group_id=0, reward=1.0, train_auxiliary=True)
+    assert [s.input_ids.tolist() for s in both] == [
+        agent["prompt_ids"] + agent["response_ids"],
+        auxiliary["prompt_ids"] + auxiliary["response_ids"]]
+
+
+# --- weights into the in-process engine ---------------------------------------------------
+
+
+def test_a_call_running_at_pause_ends_on_the_old_weights_and_a_waiting_one_starts_on_the_new():
+    engine, reference = load_engine("tiny"), load_engine("tiny")  # reference keeps the old weights
+    try:
+        transfer = EngineWeightTransfer(engine, drain_timeout_s=120)
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)
+        new = [(name, p.detach() + 0.05 * torch.randn_like(p))
+               for name, p in engine.model.named_parameters()]
+        results: dict[str, Any] = {}
+
+        def call(key: str, max_tokens: int) -> None:
+            async def run() -> None:
+                stream = engine.stream(prompt, SamplingParams(max_tokens=max_tokens, seed=1))
+                chunks = [chunk async for chunk in stream]
+                results[key] = (stream.policy_version, [t for c in chunks for t in c.token_ids],
+                                [x for c in chunks for x in c.logprobs])
+            asyncio.run(run())
+
+        running = threading.Thread(target=call, args=("running", 96))
+        running.start()
+        deadline = time.monotonic() + 60
+        while engine.tokens_generated == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        transfer.pause()  # returns once the running generation has ended
+        assert "running" in results and engine.active_requests == 0
+        waiting = threading.Thread(target=call, args=("waiting", 8))
+        waiting.start()
+        time.sleep(0.5)
+        assert "waiting" not in results and engine.active_requests == 1  # held back
+        transfer.send_weights(iter(new))
+        transfer.resume()
+        waiting.join(60)
+        running.join(60)
+        old_version, old_tokens, old_logprobs = results["running"]
+        new_version, new_tokens, new_logprobs = results["waiting"]
+        assert (old_version, new_version) == (None, 1)  # never-loaded weights carry no version
+        assert len(old_tokens) == 96
+        # Every token of the running call is scored by the OLD weights, those after by the new.
+        assert np.allclose(old_logprobs, reference.score(prompt, old_tokens), atol=1e-4)
+        assert np.allclose(new_logprobs, engine.score(prompt, new_tokens), atol=1e-4)
+        assert not np.allclose(new_logprobs, reference.score(prompt, new_tokens), atol=1e-3)
+    finally:
+        engine.close()
+        reference.close()
+
+
+def test_each_call_of_a_session_records_the_version_that_served_it(tmp_path):
+    engine = load_engine("tiny")
+    transfer = EngineWeightTransfer(engine)
+    try:
+        with InterceptionProxy(engine) as proxy:
+            session = proxy.open_session(sampling={"max_tokens": 4})  # no version of its own
+            client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                                   max_retries=0)
+            messages = [{"role": "user", "content": "first"}]
+            for turn in range(3):
+                answer = client.chat.completions.create(model="tiny", messages=messages)
+                messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                             {"role": "user", "content": f"turn {turn}"}]
+                transfer.pause()  # a weight sync between two calls of one episode
+                transfer.send_weights(iter(engine.model.named_parameters()))
+                transfer.resume()
+            trace = session.trace.snapshot()
+        (segment,) = trace.to_dicts()  # the episode went on across the updates: one segment
+        assert segment["policy_versions"] == [0, 1, 2] and segment["policy_version"] == 0
+        info = EpisodeResult("t", "none", "failed", 0.0, {}, trace=trace).info()
+        assert (info["policy_version_min"], info["policy_version_max"]) == (0, 2)
+    finally:
+        engine.close()
+
+
+def test_weights_with_an_unknown_name_or_shape_are_refused_whole(tiny):
+    before = weights_digest(tiny.model)
+    params = dict(tiny.model.named_parameters())
+    name = next(iter(params))
+    transfer = EngineWeightTransfer(tiny)
+    transfer.pause()
+    try:
+        ok = [(name, params[name].detach() + 1.0)]
+        with pytest.raises(WeightUpdateError, match="no parameter 'lm_head.bogus'"):
+            transfer.send_weights(iter(ok + [("lm_head.bogus", torch.zeros(3))]))
+        with pytest.raises(WeightUpdateError, match="shape"):
+            transfer.send_weights(iter(ok + [(name, torch.zeros(1, 2, 3))]))
+    finally:
+        transfer.resume()
+    assert weights_digest(tiny.model) == before  # nothing copied from a refused stream
+    with pytest.raises(WeightUpdateError, match="pause"):  # between calls only
+        request = threading.Thread(target=lambda: asyncio.run(tiny.generate(
+            [1, 2, 3], SamplingParams(max_tokens=200, seed=0))))
+        request.start()
+        while tiny.active_requests == 0:
+            time.sleep(0.01)
+        try:
+            tiny.load_weights(iter(ok), version=9)
+        finally:
+            request.join(60)
+
+
+# --- staleness ----------------------------------------------------------------------------
+
+
+class ReadySamples:
+    """A rollout worker whose samples are ready (real tiny-model generations with chosen
+    versions), so the staleness rule meets exactly the lags a test names."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self.rollout_buffer: queue.Queue[Any] = queue.Queue()
+        for sample in samples:
+            self.rollout_buffer.put(sample)
+        self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.versions: list[int] = []
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+    def update_model_version(self, model_version: int) -> None:
+        self.versions.append(model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        raise RolloutWorkerError("no more samples")
+
+
+def staleness_run(tiny, tmp_path, stale: str) -> tuple[AsyncGRPOLoop, ReadySamples]:
+    segments = [generated_segment(tiny, f"task {i}", version=v)
+                for i, v in enumerate([1, 1, 0, 2, 2])]  # the 0 arrives when the trainer is at 2
+    samples = [s for i, seg in enumerate(segments)
+               for s in segment_samples([seg], advantage=(-1.0) ** i, group_id=i, reward=0.0)]
+    model = tiny_model()
+    worker = ReadySamples(samples)
+    transfer = EngineWeightTransfer.serving_copy(model, tiny.tokenizer)
+    loop = AsyncGRPOLoop(model, args(tmp_path, max_staleness=1), worker, transfer, stale=stale)
+    try:
+        loop.train()
+    finally:
+        transfer.engine.close()
+    return loop, worker
+
+
+def test_a_sample_older_than_max_staleness_is_dropped_and_counted(tiny, tmp_path):
+    loop, worker = staleness_run(tiny, tmp_path, "drop")
+    first, second = loop.log_history
+    assert first["staleness/lag_0_total"] == 2 and "staleness/dropped_total" not in first
+    assert second["staleness/lag_2_total"] == 1 and second["staleness/dropped_total"] == 1
+    assert second["staleness/lag_0_total"] == 2  # the step went on with the two fresh ones
+    assert worker.rollout_buffer.empty() and worker.versions == [1, 2, 3]
+
+
+def test_a_stale_sample_kept_with_importance_weights_is_trained_and_counted(tiny, tmp_path):
+    loop, worker = staleness_run(tiny, tmp_path, "weight")
+    second = loop.log_history[1]
+    assert second["staleness/weighted_total"] == 1 and "staleness/dropped_total" not in second
+    assert second["staleness/lag_2_total"] == 1 and second["staleness/lag_0_total"] == 1
+    assert worker.rollout_buffer.qsize() == 1  # the batch was full with the stale one in it
+
+
+def test_importance_weights_keep_the_gradient_where_ppo_clipping_zeroes_it():
+    logps = torch.log(torch.tensor([[0.9]])).requires_grad_()
+    old = torch.log(torch.tensor([[0.3]]))  # ratio 3: far outside the clip range
+    advantage = torch.tensor([[1.0]])
+    grads = []
+    for weighted in (False, True):
+        logps.grad = None
+        grpo_token_loss(logps, old, advantage, torch.tensor([[weighted]]), epsilon=0.2,
+                        epsilon_high=None, importance_clip_max=2.0).sum().backward()
+        grads.append(float(logps.grad))
+    assert grads[0] == 0.0  # clipped: a stale sample would teach nothing
+    assert grads[1] == pytest.approx(-2.0)  # weighted by min(3, C=2)
+
+
+# --- vLLM at the wire ---------------------------------------------------------------------
+
+
+class TRLWireTransfer:
+    """The HTTP calls of TRL 1.16's `WeightTransferClient` (`pause`, `send_weights`: start,
+    update, finish with no body; `resume`), made by TRL's own `VLLMClient`. The NCCL stream of
+    the tensors cannot run here, so `/update_weights` carries the manifest and nothing follows."""
+
+    def __init__(self, url: str) -> None:
+        from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+        self.client = VLLMClient(url)
+
+    def init_weight_transfer(self) -> None:
+        self.client.wait_for_server_ready()
+
+    def pause(self) -> None:
+        self.client.pause()
+
+    def send_weights(self, iterator) -> None:
+        tensors = list(iterator)
+        self.client.start_weight_update()
+        self.client.update_weights({
+            "names": [n for n, _ in tensors],
+            "dtype_names": [str(t.dtype).split(".")[-1] for _, t in tensors],
+            "shapes": [list(t.shape) for _, t in tensors]})
+        self.client.finish_weight_update()
+
+    def resume(self) -> None:
+        self.client.resume()
+
+    def destroy(self) -> None: ...
+
+
+def test_a_vllm_weight_transfer_labels_the_servers_weights_before_resume(tiny):
+    with VLLMWireServer(tiny, logprobs_mode="processed_logprobs", dev_mode=True) as server:
+        engine = VLLMEngine([server.url], tokenizer="tiny")
+        transfer = VLLMWeightTransfer(engine, TRLWireTransfer(server.url))
+        try:
+            transfer.init_weight_transfer()
+            for _ in range(2):  # AsyncGRPOTrainer._sync_weight_merged's order
+                transfer.pause()
+                transfer.send_weights(iter([("w", torch.zeros(2, 3))]))
+                transfer.resume()
+            with InterceptionProxy(engine) as proxy:
+                session = proxy.open_session(sampling={"max_tokens": 4})
+                openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                              max_retries=0).chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}])
+                segment = session.trace_json()["segments"][0]
+        finally:
+            engine.close()
+    paths = [(path, body) for path, body in server.control if path != "/get_world_size"]
+    one_sync = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update",
+                "/update_weight_version", "/resume"]
+    assert [p for p, _ in paths] == one_sync * 2
+    assert paths[3] == ("/finish_weight_update", None)  # TRL's finish labels nothing
+    assert [b for p, b in paths if p == "/update_weight_version"] == [
+        {"new_version": "1"}, {"new_version": "2"}]
+    assert segment["policy_versions"] == [2]  # the server's label, on the call
+    assert server.calls[-1].weight_versions[0]["version"] == "2"
+
+
+# --- the whole thing on real Pi episodes --------------------------------------------------
+
+
+class RecordingTransfer(EngineWeightTransfer):
+    """Keeps a digest of the engine's weights at every version."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.digests: dict[int, str] = {}
+
+    def send_weights(self, iterator) -> None:
+        super().send_weights(iterator)
+        self.digests[self.version] = weights_digest(self.engine.model)
+
+
+def alternating_rewards(results: list[EpisodeResult]) -> list[float]:
+    """1, 0, ...: the tiny model's episodes all fail alike; this gives each group a spread,
+    hence nonzero advantages and a real gradient (as tests/test_trl_integration.py does)."""
+    return [float(i % 2 == 0) for i in range(len(results))]
+
+
+@pytest.fixture(scope="module")
+def pi_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    model = tiny_model()
+    tokenizer = load_tiny_tokenizer()
+    served = RecordingTransfer(EngineWeightTransfer.serving_copy(
+        model, tokenizer, model_name="tiny", tokenizer_source="tiny").engine)
+    worker = HarnessRolloutWorker(
+        "builtin", group_size=2, groups_in_flight=2, harness="pi", engine=served.engine,
+        sampling={"max_tokens": 32, "temperature": 1.0}, episode_timeout_s=180,
+        reward_fn=alternating_rewards)
+    loop = AsyncGRPOLoop(model, args(tmp_path_factory.mktemp("async"), max_steps=3), worker,
+                         served)
+    started = time.monotonic()
+    try:
+        loop.train()
+    finally:
+        served.engine.close()
+    return {"loop": loop, "worker": worker, "transfer": served,
+            "wall_s": time.monotonic() - started}
+
+
+@pytest.mark.slow
+def test_three_optimiser_steps_on_pi_episodes_produced_while_training(pi_run):
+    loop, worker = pi_run["loop"], pi_run["worker"]
+    assert loop.global_step == 3 and len(loop.log_history) == 3
+    assert all(math.isfinite(entry["loss"]) for entry in loop.log_history)
+    ends = [e for e in worker.events if e["kind"] == "group_end"]
+    assert ends and all(set(e["outcomes"]) <= {"failed", "harness_error", "timeout"} for e in ends)
+    assert worker.counts["samples"] >= 6
+
+
+@pytest.mark.slow
+def test_episodes_of_version_v_plus_1_start_before_step_v_plus_1_ends(pi_run):
+    loop, worker = pi_run["loop"], pi_run["worker"]
+    step_end = {e["step"]: e["time"] for e in loop.events if e["kind"] == "step_end"}
+    overlapping = [(e["version"], e["time"]) for e in worker.events if e["kind"] == "group_start"
+                   and e["version"] >= 2 and e["time"] < step_end[e["version"]]]
+    assert overlapping, (loop.events, worker.events)
+
+
+@pytest.mark.slow
+def test_the_served_weights_change_at_every_version(pi_run):
+    digests = pi_run["transfer"].digests
+    assert sorted(digests) == [1, 2, 3, 4]  # the first sync, then one per step
+    assert len(set(digests.values())) == 4
+
+
+@pytest.mark.slow
+def test_fresh_samples_p_old_is_the_trainers_own_rescore(pi_run):
+    first = pi_run["loop"].log_history[0]  # version 1: the engine's copy is the trainer's model
+    assert first["staleness/lag_0_total"] == 2
+    assert abs(first["policy/ratio_max"] - 1) < 1e-4 and abs(first["policy/ratio_min"] - 1) < 1e-4
+
+
+@pytest.mark.slow
+def test_the_log_has_throughput_idle_fraction_queue_staleness_reward_and_pass_rate(pi_run):
+    merged: dict[str, Any] = {}
+    for entry in pi_run["loop"].log_history:
+        merged.update(entry)
+    for key in ("rollout/episodes_per_s", "perf/optimizer_idle_frac", "rollout/queue_depth",
+                "rollout/reward_mean", "rollout/pass_rate", "staleness/lag_0_total"):
+        assert key in merged, key
+    assert 0 <= merged["perf/optimizer_idle_frac"] <= 1 and merged["rollout/episodes_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_truncated_pi_episode_yields_one_sample_per_segment_token_for_token(tiny):
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+
+    calls = itertools.count()
+
+    def script(prompt_text: str) -> str:  # long tool results until the context overflows
+        done = next(calls)  # counted here: a truncated prompt no longer shows them all
+        if done >= 6:
+            return "All done."
+        call = {"name": "bash", "arguments": {"command": "seq 1 500"}}
+        return f"Listing {done}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    engine = ScriptedEngine(tiny, script, model_name="tiny", tokenizer_source="tiny")
+    # Pi's own floor (its spec's min_context); its first prompt is ~2.1k tiny tokens, each
+    # listing ~2.5k, so six of them overflow it.
+    engine.max_context = 8192
+    groups: list[tuple[list[EpisodeResult], list[Any]]] = []
+    worker = HarnessRolloutWorker(
+        "builtin", group_size=1, groups_in_flight=1, harness="pi", engine=engine,
+        context_overflow="truncate", sampling={"max_tokens": 64}, episode_timeout_s=180,
+        train_auxiliary=True, on_group=lambda results, samples: groups.append((results, samples)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 400
+        while not groups:
+            worker.check_health(300)
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        worker.stop()
+    (result,), samples = groups[0]
+    assert result.n_truncations >= 1
+    trainable = [s for s in result.trace.to_dicts()
+                 if s["role"] in ("agent", "auxiliary") and any(s["loss_mask"])]
+    assert sum(s["role"] == "agent" for s in trainable) >= 2 and len(samples) == len(trainable)
+    for sample, segment in zip(samples, trainable):
+        n = len(segment["prompt_ids"])
+        assert sample.input_ids.tolist() == segment["prompt_ids"] + segment["response_ids"]
+        assert sample.completion_mask.tolist() == [0] * n + segment["loss_mask"]
+        assert sample.old_log_probs.tolist() == pytest.approx(
+            [0.0] * n + segment["response_logprobs"], abs=1e-6)  # float32 of the trace's floats
+        assert sample.model_version == segment["policy_version"]
+        assert sample.group_id == samples[0].group_id and sample.advantage == samples[0].advantage
+    assert dataclasses.fields(samples[0])  # a TRL RolloutSample
+
+
+@pytest.mark.slow
+def test_the_worker_runs_its_groups_on_the_ray_executor():
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    pytest.importorskip("ray", reason="executor='ray' needs Ray")
+    from harness_gym.config import EpisodeConfig
+    from harness_gym.ray_executor import RayEpisodeExecutor
+
+    # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
+    # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
+    config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
+    executor = RayEpisodeExecutor(config, max_episodes_per_node=2, init_kwargs={
+        "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
+    groups: list[tuple[list[EpisodeResult], list[Any]]] = []
+    worker = HarnessRolloutWorker(
+        "builtin", group_size=2, groups_in_flight=1, executor=executor, config=config,
+        on_group=lambda results, samples: groups.append((results, samples)))
+    try:
+        worker.start()
+        first = worker.rollout_buffer.get(timeout=300)
+        worker.check_health(300)
+    finally:
+        worker.stop()
+        executor.close()
+    results, samples = groups[0]
+    assert [r.outcome for r in results] == ["passed", "passed"]
+    assert first is samples[0] and {s.group_id for s in samples} == {0}
+    assert [s.advantage for s in samples] == [0.0] * len(samples)  # equal rewards, no signal
+    segments = [seg for r in results for seg in r.trace.to_dicts()
+                if seg["role"] == "agent" and any(seg["loss_mask"])]
+    assert [s.input_ids.tolist() for s in samples] == [
+        seg["prompt_ids"] + seg["response_ids"] for seg in segments]
+    metrics = worker.metrics_queue.get_nowait()
+    assert metrics["rollout/pass_rate"] == (2.0, 2.0)
+
+
+@pytest.mark.slow
+def test_a_capped_worker_starts_no_more_groups_until_the_trainer_moves_on():
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    worker = HarnessRolloutWorker("builtin", group_size=1, groups_in_flight=3, harness="pi",
+                                  engine="oracle:noop", max_groups_per_version=1)
+    worker.update_model_version(1)
+    worker.start()
+    try:
+        first = worker.rollout_buffer.get(timeout=120)
+        time.sleep(2.0)  # room for a second group, were the cap not honoured
+        assert [e["version"] for e in worker.events if e["kind"] == "group_start"] == [1]
+        worker.update_model_version(2)  # the trainer stepped: one more group, on version 2
+        worker.rollout_buffer.get(timeout=120)
+        worker.check_health(120)
+    finally:
+        worker.stop()
+    starts = [e["version"] for e in worker.events if e["kind"] == "group_start"]
+    assert starts == [1, 2] and first.group_id == 0

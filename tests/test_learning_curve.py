@@ -1,0 +1,226 @@
+"""The learning-curve pipeline in its quick mode (the tiny model through the real Pi CLI): every
+stage leaves its checkpoint and metrics, the results file and plot come out, and a second run
+resumes without redoing a stage. Plus the statistics the curve reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from harness_gym.engines.tiny import tiny_model_dir
+from harness_gym.training.evaluation import (
+    bootstrap_interval,
+    recorded_episodes,
+    summarize,
+    wilson_interval,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "learning_curve.py"
+STAGES = ("demos", "sft", "grpo", "eval-base", "eval-sft", "eval-grpo")
+
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import learning_curve  # noqa: E402  (the script, for its plan and journal)
+
+
+def quick_test(fn):
+    """The tests on the quick run: a real CLI and real training, minutes on a loaded machine."""
+    return pytest.mark.slow(pytest.mark.timeout(1800)(fn))
+
+
+def run_curve(*args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--no-progress"],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    root = tmp_path_factory.mktemp("curve")
+    work, results = root / "work", root / "results"
+    done = run_curve("--quick", "--workdir", str(work), "--results", str(results))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {"work": work, "results": results, "log": done.stderr,
+            # as the first run wrote it (the resume tests rewrite the file)
+            "first_results": json.loads((results / "learning_curve_quick.json").read_text())}
+
+
+def metrics(quick: dict[str, Path], stage: str) -> dict:
+    return json.loads((quick["work"] / stage / "metrics.json").read_text())
+
+
+@quick_test
+def test_the_demonstrations_are_teacher_episodes_through_pi_recorded_as_traces(quick):
+    demos = metrics(quick, "demos")
+    assert demos["summary"]["n_episodes"] == 4
+    assert demos["summary"]["n_passed"] >= 1  # the teacher solves family tasks
+    (traces,) = (quick["work"] / "demos" / "traces").glob("*.jsonl")
+    rows = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert len(rows) == 4 and all(row["harness"] == "pi" and row["trace"] for row in rows)
+
+
+@quick_test
+def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
+    sft = metrics(quick, "sft")
+    assert sft["rows"] >= 1 and sft["optimizer_steps"] >= 1
+    assert sft["losses"] and all(math.isfinite(x) for x in sft["losses"])
+    assert len(sft["step_s"]) == sft["optimizer_steps"]
+    assert 0 < sft["grad_tokens"] < sft["frozen_tokens"]  # the prompt ran without gradient
+    tuned = load_file(quick["work"] / "sft" / "model" / "model.safetensors")
+    base = load_file(tiny_model_dir() / "model.safetensors")
+    assert any(not (tuned[k] == base[k]).all() for k in base)
+    assert (quick["work"] / "sft" / "model" / "tokenizer.json").exists()
+
+
+@quick_test
+def test_grpo_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(quick):
+    grpo = metrics(quick, "grpo")
+    (step,) = grpo["steps"]
+    assert step["step"] == 1 and step["episodes"] == 4  # one group of 4 through Pi
+    assert sum(step["outcomes"].values()) == 4
+    assert step["rollout_s"] > 0 and step["train_s"] is not None
+    assert step["prefix_cache"]["hits"] >= 1  # the group shared its system prompt
+    assert grpo["optimizer_steps"] == 1
+    assert (quick["work"] / "grpo" / "trainer" / "checkpoint-1").is_dir()  # resumable
+    assert (quick["work"] / "grpo" / "model" / "model.safetensors").exists()
+
+
+@quick_test
+@pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo"])
+def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
+    evaluation = metrics(quick, f"eval-{checkpoint}")
+    summary = evaluation["summary"]
+    assert summary["n_episodes"] == 2 and sum(summary["outcomes"].values()) == 2
+    low, high = summary["pass_at_1_ci"]
+    assert 0 <= low <= summary["pass_at_1"] <= high <= 1
+    assert evaluation["sampling"]["temperature"] == 0
+    heldout = {e["task_id"] for e in evaluation["episodes"]}
+    assert all("heldout" in task_id for task_id in heldout)
+
+
+@quick_test
+def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(quick):
+    results = json.loads((quick["results"] / "learning_curve_quick.json").read_text())
+    assert results["mode"] == "quick" and results["config"]["policy"] == "tiny"
+    assert set(results["stages"]) == {"demos", "sft", "grpo", "eval"}
+    assert set(results["stages"]["eval"]) == {"base", "sft", "grpo"}
+    assert "sft_pass_at_1" in results["targets"]
+    png = (quick["results"] / "learning_curve_quick.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+@quick_test
+def test_a_second_run_resumes_and_redoes_nothing(quick):
+    stamps = {s: (quick["work"] / s / "metrics.json").stat().st_mtime_ns for s in STAGES}
+    again = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
+                      str(quick["results"]), timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("done earlier, skipped") == len(STAGES)
+    assert stamps == {s: (quick["work"] / s / "metrics.json").stat().st_mtime_ns
+                      for s in STAGES}
+
+
+@quick_test
+def test_a_run_cut_inside_its_stages_resumes_from_their_episodes_and_checkpoints(quick):
+    """What a kill leaves (episodes recorded, trainer checkpoints, GRPO groups journaled, no
+    stage marked done) is taken up again, not redone."""
+    work = quick["work"]
+    before = {s: metrics(quick, s) for s in ("sft", "grpo", "eval-grpo")}
+    eval_files = sorted((work / "eval-grpo" / "traces").iterdir())
+    for stage in ("sft", "grpo", "eval-grpo"):
+        (work / stage / "metrics.json").unlink()
+    shutil.rmtree(work / "grpo" / "trainer")  # the kill came before the step's checkpoint
+    again = run_curve("--quick", "--workdir", str(work), "--results", str(quick["results"]),
+                      "--stages", "sft,grpo,eval-grpo", timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    sft = metrics(quick, "sft")  # resumed from its last checkpoint: no step ran again
+    assert sft["optimizer_steps"] == before["sft"]["optimizer_steps"] and sft["step_s"] == []
+    assert "grpo step 1 group 0: replayed" in again.stderr  # no episode ran again
+    (step,) = metrics(quick, "grpo")["steps"]
+    assert step["outcomes"] == before["grpo"]["steps"][0]["outcomes"]
+    assert metrics(quick, "eval-grpo")["episodes"] == before["eval-grpo"]["episodes"]
+    assert sorted((work / "eval-grpo" / "traces").iterdir()) == eval_files  # nothing ran
+
+
+def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):
+    rows = [{"task_id": f"t{i}", "outcome": "passed", "reward": 1.0, "n_tool_calls": 2,
+             "n_llm_calls": 3, "duration_s": 1.5, "error": None, "trace": []} for i in range(2)]
+    whole = "".join(json.dumps(r) + "\n" for r in rows)
+    path = tmp_path / "run.jsonl"
+    path.write_text(whole + json.dumps(rows[0])[:40])  # killed while writing the third row
+    assert [e["task_id"] for e in recorded_episodes(tmp_path)] == ["t0", "t1"]
+    assert path.read_text() == whole  # the file reads cleanly again (harness_gym.sft)
+    assert recorded_episodes(tmp_path / "missing") == []
+
+
+@quick_test
+def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
+    results = quick["first_results"]
+    full = learning_curve.PRESETS["full"]
+    plan = learning_curve.plan(full, results)
+    expected = plan["expected_s"]
+    assert expected["total"] == pytest.approx(sum(v for k, v in expected.items()
+                                                  if k != "total"))
+    units = plan["units"]
+    assert expected["demos"] == pytest.approx(full.n_demo_tasks * units["demo_episode_s"])
+    assert plan["sizes"]["grpo_episodes"] == (full.grpo_steps * full.grpo_groups_per_step
+                                              * full.grpo_group_size)
+
+
+@quick_test
+def test_a_workdir_refuses_a_run_with_another_configuration(quick):
+    other = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
+                      str(quick["results"]), "--set", "n_heldout=3", timeout=900)
+    assert other.returncode != 0 and "differs in n_heldout" in other.stderr
+
+
+# --- the statistics -------------------------------------------------------------------------
+
+
+def test_wilson_intervals_match_the_textbook_values():
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(50, 50) == pytest.approx((0.9287, 1.0), abs=1e-4)
+    narrow, wide = wilson_interval(30, 100), wilson_interval(3, 10)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+
+
+def test_a_bootstrap_interval_brackets_the_mean_and_narrows_with_more_data():
+    small = bootstrap_interval([1, 2, 3, 4, 5])
+    large = bootstrap_interval([1, 2, 3, 4, 5] * 20)
+    assert small[0] < 3 < small[1] and large[0] < 3 < large[1]
+    assert large[1] - large[0] < small[1] - small[0]
+    assert bootstrap_interval([]) is None
+    assert bootstrap_interval([4, 4, 4]) == (4.0, 4.0)
+
+
+def test_pass_at_1_leaves_out_infra_errors_and_counts_timeouts_as_failures():
+    episodes = ([{"outcome": "passed", "n_tool_calls": 2, "task_id": "a"}] * 3
+                + [{"outcome": "timeout", "n_tool_calls": 30, "task_id": "b"}]
+                + [{"outcome": "infra_error", "n_tool_calls": 0, "task_id": "c"}] * 2)
+    summary = summarize(episodes)
+    assert summary["n_scored"] == 4 and summary["pass_at_1"] == 0.75
+    assert summary["outcomes"]["timeout"] == 1 and summary["outcomes"]["infra_error"] == 2
+    assert summary["tool_calls_solved"] == 2.0 and summary["tool_calls_all"] == 9.0
+
+
+def test_the_readme_shows_the_committed_results_it_names():
+    from harness_gym.training.report import README_BEGIN, load_results, readme_block
+
+    readme = (REPO / "README.md").read_text()
+    begin = readme.index(README_BEGIN)
+    name = readme[begin + len(README_BEGIN):].split(" ", 1)[0]
+    end = readme.index("<!-- learning-curve:end -->", begin) + len("<!-- learning-curve:end -->")
+    results = load_results(REPO / "benchmarks" / "results" / name)
+    assert readme[begin:end] == readme_block(results, name), \
+        "regenerate: python benchmarks/learning_curve.py --report-only --readme (same preset)"
+    assert (REPO / "benchmarks" / "results" / name).with_suffix(".png").exists()
