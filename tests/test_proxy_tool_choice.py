@@ -14,6 +14,7 @@ import openai
 import pytest
 from support.dialect_clients import DialectClient
 from support.engines import RecordingEngine
+from support.thinking import thinking_tokenizer
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
 from harness_gym.engines import load_engine
@@ -111,6 +112,25 @@ def test_required_steers_a_prose_policy_into_a_tool_call_recorded_as_forced(tiny
         assert final.text == "I would rather talk." and not final.calls
         [segment] = session.trace_json()["segments"]
         assert segment["forced_tokens"] == [forced, 0] and segment["n_calls"] == 2
+        assert_segment_is_what_the_engine_sampled(segment, engine.calls, tiny)
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["thinks-by-choice", "prompt-opens-think"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_forced_call_from_a_thinking_policy_is_a_call_not_reasoning(tiny, dialect, opened):
+    """Reasoning is split off before tool calls are parsed, so where the generation prompt
+    opened `<think>` the forced prefix closes it first; either way the client gets the call."""
+    engine = RecordingEngine(ScriptedEngine(tiny, never_calls,
+                                            tokenizer=thinking_tokenizer(opened=opened)))
+    with InterceptionProxy(engine) as proxy:
+        session, client = session_for(proxy, dialect)
+        answer = client.ask("Fix the bug.", **client.choice("required"))
+        assert [(name, args) for _, name, args in answer.calls] == [("bash", {"command": "ls"})]
+        [segment] = session.trace_json()["segments"]
+        forced = segment["forced_tokens"][0]
+        head = tiny.tokenizer.decode(segment["response_ids"][:forced])
+        assert head == ("</think>\n\n<tool_call>\n" if opened else "<tool_call>\n")
+        assert segment["loss_mask"][:forced] == [0] * forced
         assert_segment_is_what_the_engine_sampled(segment, engine.calls, tiny)
 
 

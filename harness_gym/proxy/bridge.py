@@ -200,7 +200,8 @@ class PromptBridge:
             if blanked not in tried:
                 messages = list(request.messages)
                 for index in tool_results[:blanked]:
-                    messages[index] = replace(messages[index], content=TRUNCATED_TOOL_RESULT)
+                    messages[index] = replace(messages[index], content=TRUNCATED_TOOL_RESULT,
+                                              parts=())  # its images go too
                 try:
                     tried[blanked] = self.renderer.render_full(messages, request.tools, budget)
                 except PromptTooLong as exc:

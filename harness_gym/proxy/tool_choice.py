@@ -8,7 +8,8 @@ named function and `parallel_tool_calls`). `steer` turns it into what the call d
   same one the agent is in) but the tool-call open tag is a hidden stop string: the answer ends
   where the model would start a call, so it carries text only.
 - `required` / named: the answer is made to start with the tool-call prefix (`<tool_call>\\n`,
-  and for a named tool also `{"name": "NAME", "arguments": `). Those tokens are appended to the
+  and for a named tool also `{"name": "NAME", "arguments": `; after `</think>` where the
+  generation prompt opened the policy's reasoning). Those tokens are appended to the
   prompt the engine sees and recorded in the trace as *forced* response tokens: `loss_mask` 0
   and logprob 0.0 (like inserted tool results), counted per call in `forced_tokens`. They are
   masked out of the loss because the policy did not sample them: they have no p_old, and
