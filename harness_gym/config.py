@@ -59,6 +59,8 @@ class EpisodeConfig:
       `max_tokens`, `seed`).
     - `context_overflow`: "error" (the CLI gets its dialect's context-too-long error and
       compacts) or "truncate" (the proxy blanks the oldest tool results).
+    - `train_subagents`: a sub-agent's segments (Claude Code's Task tool), linked to the tool
+      call that started them, are role "agent" (trained on) instead of "auxiliary".
     - `progress`: install messages and progress bars on stderr.
     """
 
@@ -70,6 +72,7 @@ class EpisodeConfig:
     test_timeout_s: float
     sampling: Mapping[str, Any]
     context_overflow: ContextOverflow
+    train_subagents: bool
     progress: bool
 
     def __init__(
@@ -83,6 +86,7 @@ class EpisodeConfig:
         test_timeout_s: float = 300.0,
         sampling: Mapping[str, Any] | None = None,
         context_overflow: ContextOverflow = "error",
+        train_subagents: bool = False,
         progress: bool = True,
     ) -> None:
         if episode_timeout_s <= 0 or test_timeout_s <= 0:
@@ -104,6 +108,7 @@ class EpisodeConfig:
             "test_timeout_s": float(test_timeout_s),
             "sampling": checked_sampling,
             "context_overflow": context_overflow,
+            "train_subagents": bool(train_subagents),
             "progress": bool(progress),
         }
         for name, value in values.items():

@@ -220,7 +220,8 @@ class EpisodeRunner:
         try:
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
-            session = self.proxy.open_session(policy_version, sampling, config.context_overflow)
+            session = self.proxy.open_session(policy_version, sampling, config.context_overflow,
+                                              config.train_subagents)
             if on_session is not None:
                 on_session(session)
             endpoint = Endpoint.for_model(

@@ -28,7 +28,7 @@ SegmentRole = Literal["agent", "auxiliary", "discarded"]
 # The value types an exported segment's fields take ("int?": an int or None; "list[int8]": a
 # list of 0/1 flags, stored narrow).
 SegmentFieldType = Literal[
-    "str", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]", "list[int?]",
+    "str", "str?", "bool", "int", "int?", "list[int]", "list[int8]", "list[float]", "list[int?]",
     "list[float?]",
 ]
 
@@ -43,7 +43,10 @@ SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
     "policy_versions": "list[int]",  # one per call, in order
     "n_calls": "int",
     "incomplete": "bool",  # the last call's generation was aborted
-    "parent": "int?",  # index of the segment whose tokens this one's prompt copies
+    # The segment this one hangs under: the one whose tokens its prompt copies (a branch), or,
+    # for a sub-agent (`parent_call_id` set), the one holding the tool call that started it.
+    "parent": "int?",
+    "parent_call_id": "str?",  # the tool call a sub-agent's conversation answers (see proxy.subagents)
     # One entry per call, in order; None where it was not recorded (older files, a bridge
     # driven without a sampler).
     "call_starts": "list[int?]",  # offset in response_ids where the call's tokens begin
@@ -52,12 +55,15 @@ SEGMENT_SCHEMA: Mapping[str, SegmentFieldType] = {
     "sampling_top_k": "list[int?]",  # 0: no top-k
     "sampling_max_tokens": "list[int?]",  # the cap the engine sampled under
     "sampling_seed": "list[int?]",  # None also when no seed was set
+    # Of the mask-0 tokens just before the call's sampled ones, how many the proxy forced into
+    # the answer to obey `tool_choice` (a tool-call prefix); 0: none.
+    "forced_tokens": "list[int?]",
 }
 _PER_CALL = ("call_starts", "sampling_temperature", "sampling_top_p", "sampling_top_k",
-             "sampling_max_tokens", "sampling_seed")
+             "sampling_max_tokens", "sampling_seed", "forced_tokens")
 
 _EMPTY: dict[SegmentFieldType, Any] = {
-    "str": "", "bool": False, "int": 0, "int?": None,
+    "str": "", "str?": None, "bool": False, "int": 0, "int?": None,
     "list[int]": [], "list[int8]": [], "list[float]": [], "list[int?]": [], "list[float?]": [],
 }
 
@@ -104,8 +110,10 @@ class TraceSegment:
     policy_versions: list[int] = field(default_factory=list)  # one per call, in order
     sampling: list[CallSampling | None] = field(default_factory=list)  # one per call
     call_starts: list[int] = field(default_factory=list)  # one per call: response offset
+    forced_tokens: list[int] = field(default_factory=list)  # one per call (tool_choice)
     incomplete: bool = False  # generation was aborted (client gone, engine failed)
-    parent: int | None = None  # index of the segment whose tokens this one's prompt copies
+    parent: int | None = None  # see SEGMENT_SCHEMA
+    parent_call_id: str | None = None  # set on a sub-agent's segment
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -126,10 +134,13 @@ class TraceSegment:
         sampled_logprobs: Sequence[float],
         policy_version: int,
         sampling: CallSampling | None = None,
+        forced: int = 0,
     ) -> None:
+        """`inserted_ids` end with the `forced` tokens the proxy wrote into the answer."""
         if len(sampled_ids) != len(sampled_logprobs):
             raise ValueError("every sampled token needs exactly one logprob")
         self.call_starts.append(len(self.tokens) - self.prompt_len)
+        self.forced_tokens.append(forced)
         self.sampling.append(sampling)
         self.tokens.extend(inserted_ids)
         self.loss_mask.extend([0] * len(inserted_ids))
@@ -151,6 +162,7 @@ class TraceSegment:
         del self.policy_versions[n_calls:]
         del self.sampling[n_calls:]
         del self.call_starts[n_calls:]
+        del self.forced_tokens[n_calls:]
 
     def to_dict(self) -> dict[str, Any]:
         """The exported segment: `SEGMENT_SCHEMA`'s fields, plain lists."""
@@ -165,10 +177,12 @@ class TraceSegment:
             "n_calls": self.n_calls,
             "incomplete": self.incomplete,
             "parent": self.parent,
+            "parent_call_id": self.parent_call_id,
             "call_starts": self._per_call(self.call_starts),
             **{f"sampling_{name}": [getattr(s, name) if s is not None else None
                                     for s in self._per_call(self.sampling)]
                for name in ("temperature", "top_p", "top_k", "max_tokens", "seed")},
+            "forced_tokens": self._per_call(self.forced_tokens),
         }
 
     def _per_call(self, values: list[Any]) -> list[Any]:

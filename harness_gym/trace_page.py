@@ -24,6 +24,7 @@ from .trace_view import (
     logprob_bucket,
     response_spans,
     segment_summary,
+    segment_tree,
     token_pieces,
 )
 
@@ -104,8 +105,8 @@ def _episode_html(episode: Episode, tokenizers: Tokenizers) -> str:
     if note:
         parts.append(f'<p class="note">{_e(note)}</p>')
     parts.extend(_episode_details(d))
-    for index, segment in enumerate(episode.segments):
-        parts.append(_segment_html(index, segment, tokenizer))
+    for index, depth in segment_tree(episode.segments):  # sub-agents under their parent
+        parts.append(_segment_html(index, episode.segments[index], tokenizer, depth))
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -135,10 +136,11 @@ def _episode_details(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def _segment_html(index: int, segment: dict[str, Any], tokenizer: Any) -> str:
+def _segment_html(index: int, segment: dict[str, Any], tokenizer: Any, depth: int = 0) -> str:
     prompt = decode(tokenizer, segment["prompt_ids"])
+    indent = f' style="margin-left: {2 * depth}em"' if depth else ""
     parts = [
-        f'<section class="segment role-{_e(segment["role"])}">',
+        f'<section class="segment role-{_e(segment["role"])}"{indent}>',
         f"<h3>{_e(segment_summary(index, segment))}</h3>",
         f'<details class="prompt"><summary>prompt ({len(segment["prompt_ids"])} tokens)</summary>'
         f"<pre>{_e(prompt)}</pre></details>",

@@ -247,11 +247,46 @@ def segment_summary(index: int, segment: dict[str, Any]) -> str:
     sampled = sum(1 for m in segment["loss_mask"] if m)
     versions = segment.get("policy_versions") or [segment.get("policy_version", 0)]
     flags = " incomplete" if segment.get("incomplete") else ""
+    forced = sum(n for n in segment.get("forced_tokens") or [] if n)
+    forced_text = f", forced {forced}" if forced else ""
     return (f"segment {index}: role={segment['role']} policy_version={policy_versions(segment)} "
             f"calls={segment.get('n_calls', len(versions))} prompt={len(segment['prompt_ids'])} "
             f"response={len(segment['response_ids'])} (sampled {sampled}, "
-            f"inserted {len(segment['response_ids']) - sampled}){_sampling_summary(segment)}"
-            f"{flags}")
+            f"inserted {len(segment['response_ids']) - sampled}{forced_text})"
+            f"{_sampling_summary(segment)}{flags}{_relation(segment)}")
+
+
+def _relation(segment: dict[str, Any]) -> str:
+    parent = segment.get("parent")
+    if parent is None:
+        return ""
+    call = segment.get("parent_call_id")
+    if call:
+        return f" <- sub-agent of segment {parent} (tool call {call})"
+    return f" <- branch of segment {parent}"
+
+
+def segment_tree(segments: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(index, depth) of every segment in tree order: each segment under its `parent` (the
+    segment it branched from, or whose tool call started it as a sub-agent), children in
+    order. A parent link that does not point at an earlier segment makes a root.
+
+    >>> segment_tree([{"parent": None}, {"parent": None}, {"parent": 0}, {"parent": 2}])
+    [(0, 0), (2, 1), (3, 2), (1, 0)]
+    """
+    children: dict[int | None, list[int]] = {}
+    for index, segment in enumerate(segments):
+        parent = segment.get("parent")
+        if not isinstance(parent, int) or not 0 <= parent < index:
+            parent = None
+        children.setdefault(parent, []).append(index)
+    order: list[tuple[int, int]] = []
+    stack = [(index, 0) for index in reversed(children.get(None, []))]
+    while stack:
+        index, depth = stack.pop()
+        order.append((index, depth))
+        stack.extend((child, depth + 1) for child in reversed(children.get(index, [])))
+    return order
 
 
 _SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed")
@@ -296,8 +331,11 @@ def print_terminal(episodes: Sequence[Episode], tokenizers: Tokenizers, *,
     for episode in episodes:
         tokenizer = tokenizers.for_episode(episode)
         console.print(Text(episode_summary(episode), style="bold"))
-        for s, segment in enumerate(episode.segments):
-            console.print(Text(segment_summary(s, segment), style="bold cyan"))
+        segments = episode.segments
+        for s, depth in segment_tree(segments):
+            segment = segments[s]
+            indent = "  " * depth + ("└ " if depth else "")
+            console.print(Text(indent + segment_summary(s, segment), style="bold cyan"))
             text = Text()
             if show_prompt:
                 text.append(decode(tokenizer, segment["prompt_ids"]), style="dim italic")

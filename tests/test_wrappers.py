@@ -36,11 +36,13 @@ def segment(version: int, n: int = 3) -> dict:
 
 def unusual_segment() -> dict:
     """Every field away from its default: a forked, aborted auxiliary segment of two calls,
-    sampled differently (the second with a seed)."""
+    sampled differently (the second with a seed and a forced tool-call prefix), linked to a
+    tool call."""
     return TraceSegment("auxiliary", [5, 6, 7, 8, 9], 2, loss_mask=[1, 0, 1],
                         response_logprobs=[-0.25, 0.0, -1.5], policy_versions=[4, 3],
                         sampling=[CallSampling(0.7, 0.95, 40, 256), CallSampling(1.0, 1.0, 0, 17, 3)],
-                        call_starts=[0, 1], incomplete=True, parent=0).to_dict()
+                        call_starts=[0, 1], forced_tokens=[0, 2], incomplete=True, parent=0,
+                        parent_call_id="call_1").to_dict()
 
 
 def episode(task: str, outcome: str = "passed", version: int | None = 0) -> dict:

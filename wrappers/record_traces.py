@@ -17,7 +17,8 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from ..trace import SEGMENT_SCHEMA, normalize_segment
 
 _ARROW_TYPES = {
-    "str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "int?": pa.int64(),
+    "str": pa.string(), "str?": pa.string(), "bool": pa.bool_(), "int": pa.int64(),
+    "int?": pa.int64(),
     "list[int]": pa.list_(pa.int64()), "list[int8]": pa.list_(pa.int8()),
     "list[float]": pa.list_(pa.float64()),
     "list[int?]": pa.list_(pa.int64()), "list[float?]": pa.list_(pa.float64()),  # null items

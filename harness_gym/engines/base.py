@@ -117,7 +117,7 @@ class Engine(abc.ABC):
     `tool_call_format` names the parser for tool calls in the model's text (see
     `proxy.tool_parsers`). `tokenizer_source` is what `harness-gym trace` reloads the tokenizer
     from (`"tiny"`, `"smollm2"` or a local directory; None when there is none to name), recorded
-    in every episode's `info["tokenizer"]`.
+    in every episode's `info["tokenizer"]`. `accepts_images` says the model is multimodal.
     """
 
     model_name: str = "policy"
@@ -126,6 +126,9 @@ class Engine(abc.ABC):
     stop_token_ids: tuple[int, ...] = ()
     tool_call_format: str = "hermes"
     tokenizer_source: str | None = None
+    # The chat template takes images (content parts); a text-only engine is shown a recorded
+    # text placeholder per image instead (`proxy.images`).
+    accepts_images: bool = False
 
     @property
     @abc.abstractmethod

@@ -69,11 +69,23 @@ class ParsedAnswer:
     """Reasoning split off (where the policy thinks), tool-call parsing of the rest of the
     streamed text, and the turn the events add up to."""
 
-    def __init__(self, parser: ToolCallParser, reasoning: ThinkSplitter | None = None) -> None:
+    def __init__(
+        self,
+        parser: ToolCallParser,
+        max_tool_calls: int | None = None,
+        reasoning: ThinkSplitter | None = None,
+    ) -> None:
         self._parser = parser
         self._reasoning = reasoning
         self._text: list[str] = []
         self._calls: list[ToolCall] = []
+        self._max_calls = max_tool_calls
+
+    @property
+    def full(self) -> bool:
+        """The answer holds as many tool calls as it may (`parallel_tool_calls: false`): the
+        rest of it is not sent."""
+        return bool(self._max_calls) and len(self._calls) >= self._max_calls
 
     def feed(self, text: str) -> list[ParseEvent]:
         if self._reasoning is None:
@@ -103,12 +115,16 @@ class ParsedAnswer:
         )
 
     def _collect(self, events: list[ParseEvent]) -> list[ParseEvent]:
+        kept: list[ParseEvent] = []
         for event in events:
+            if self.full:
+                break
             if isinstance(event, TextDelta):
                 self._text.append(event.text)
             elif isinstance(event, ToolCallDone):
                 self._calls.append(event.call)
-        return events
+            kept.append(event)
+        return kept
 
 
 def _first_stop(text: str, stops: tuple[str, ...], search_from: int) -> int | None:

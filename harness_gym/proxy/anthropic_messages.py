@@ -28,6 +28,8 @@ from .events import (
     TextDelta,
     ToolCallDone,
 )
+from .images import ImagePart, Part, parts_with_images, text_with_placeholders
+from .tool_choice import anthropic_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -49,7 +51,7 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
         for i, raw in enumerate(field(body, "tools", list, "tools", default=[]))
         if (spec := _parse_tool(raw, f"tools[{i}]")) is not None
     )
-    field(body, "tool_choice", dict, "tool_choice")  # validated; the policy chooses freely
+    tool_choice = anthropic_tool_choice(body.get("tool_choice"), [t.name for t in tools])
     field(body, "metadata", dict, "metadata")
     max_tokens = field(body, "max_tokens", int, "max_tokens", required=require_max_tokens)
     if max_tokens is not None and max_tokens < 1:
@@ -71,6 +73,7 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
         sampling=sampling,
         stream=field(body, "stream", bool, "stream", default=False),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=tool_choice,
     )
 
 
@@ -87,7 +90,7 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
         return [Message("system", _text_of(content, f"{param}.content"))]
     if isinstance(content, str):
         return [Message(role, content)]
-    texts: list[str] = []
+    texts: list[Part] = []
     calls: list[ToolCall] = []
     results: list[Message] = []
     reasoning: list[ReasoningPart] = []
@@ -121,26 +124,71 @@ def _parse_message(raw: Any, param: str) -> list[Message]:
                 )
             )
         elif kind == "tool_result" and role == "user":
+            parts = _tool_result_parts(block.get("content") or "", f"{where}.content")
             results.append(
                 Message(
                     "tool",
-                    _text_of(block.get("content") or "", f"{where}.content"),
+                    text_with_placeholders(parts),
                     tool_call_id=field(block, "tool_use_id", str, f"{where}.tool_use_id",
                                        required=True),
+                    parts=parts_with_images(parts),
                 )
             )
             field(block, "is_error", bool, f"{where}.is_error")
-        elif kind in ("image", "document"):
-            raise invalid(f"{where}: '{kind}' blocks are not supported: this model takes text only",
-                          f"{where}.type")
+        elif kind in ("image", "document") and role == "user":
+            texts.append(_image_part(block, kind, where))
         else:
             raise invalid(f"{where}.type: unsupported content block type {kind!r} in a {role} "
                           "message", f"{where}.type")
+    text = text_with_placeholders(texts)
     if role == "assistant":
-        return [Message("assistant", "".join(texts), tuple(calls), reasoning=tuple(reasoning))]
+        return [Message("assistant", text, tuple(calls), reasoning=tuple(reasoning))]
+    user = Message("user", text, parts=parts_with_images(texts))
     if results:
-        return results + ([Message("user", "".join(texts))] if texts else [])
-    return [Message("user", "".join(texts))]
+        return results + ([user] if texts else [])
+    return [user]
+
+
+def _tool_result_parts(content: Any, param: str) -> list[Part]:
+    """A tool result's text and images (Claude Code's `Read` of a PNG is an image block)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise invalid(f"{param}: expected a string or an array of content blocks", param)
+    parts: list[Part] = []
+    for j, block in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(block, dict):
+            raise invalid(f"{where}: expected a content block object", where)
+        kind = field(block, "type", str, f"{where}.type", required=True)
+        if kind in ("image", "document"):
+            parts.append(_image_part(block, kind, where))
+        elif kind == "text":
+            parts.append(field(block, "text", str, f"{where}.text", required=True))
+        else:
+            raise invalid(f"{where}: '{kind}' blocks are not supported in a tool result",
+                          f"{where}.type")
+    return parts
+
+
+def _image_part(block: dict[str, Any], kind: str, where: str) -> ImagePart:
+    """An `image` or `document` block: `source` is base64 data, a URL, or (documents) text or
+    content blocks."""
+    source = field(block, "source", dict, f"{where}.source", required=True)
+    source_kind = field(source, "type", str, f"{where}.source.type", required=True)
+    media_type = field(source, "media_type", str, f"{where}.source.media_type", default="")
+    if source_kind == "url":
+        return ImagePart(media_type, url=field(source, "url", str, f"{where}.source.url",
+                                                 required=True), kind=kind)
+    if source_kind in ("base64", "text"):
+        data = field(source, "data", str, f"{where}.source.data", required=True)
+        return ImagePart(media_type, data, kind=kind)
+    if source_kind in ("content", "file"):  # a document made of blocks, an uploaded file
+        return ImagePart(media_type, url=f"{source_kind}:{orjson.dumps(source).decode()}",
+                         kind=kind)
+    raise invalid(f"{where}.source.type: expected 'base64', 'url', 'text', 'content' or 'file' "
+                  f"for a {kind} block, got {source_kind!r}", f"{where}.source.type")
+
 
 
 def _text_of(content: Any, param: str) -> str:

@@ -334,6 +334,7 @@ class ProxyApp:
                 version,
                 field(body, "sampling", dict, "sampling"),
                 field(body, "context_overflow", str, "context_overflow", default="error"),
+                field(body, "train_subagents", bool, "train_subagents", default=False),
             )
         except ProxyError as error:
             return self._openai_error(error)

@@ -27,10 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..engines.base import Completion
-from ..trace import CallRecord, CallSampling, SessionTrace, TraceSegment
+from ..trace import CallRecord, CallSampling, SegmentRole, SessionTrace, TraceSegment
 from .canonical import AssistantTurn, ChatRequest, Message
 from .reasoning import NO_ECHOES, EchoReport, ReasoningSigner, echo_digest, echo_status
 from .rendering import PromptRenderer, PromptTooLong, TemplateNotIncremental
+from .subagents import SpawnRegistry, SubagentLink, opening_text
+from .tool_choice import NO_STEERING, Steering
 
 
 TRUNCATED_TOOL_RESULT = "[tool output removed by harness-gym: the context was full]"
@@ -75,17 +77,27 @@ class PromptPlan:
     inserted_ids: tuple[int, ...] = ()  # tokens after parent.end; mask 0
     truncated_tool_results: int = 0
     sampling: CallSampling | None = None  # set once the call's sampling is settled; recorded
+    # The answer's first tokens, written by the proxy to obey `tool_choice` (`tool_choice`
+    # module): the engine sees them after the prompt; the trace records them with mask 0.
+    steering: Steering = NO_STEERING
+    forced_ids: tuple[int, ...] = ()
+    opening: str = ""  # the first user message: a sub-agent's brief (`subagents`)
     echoes: EchoReport = NO_ECHOES  # how the request echoed our turns' reasoning
 
 
 class PromptBridge:
     def __init__(
         self, renderer: PromptRenderer, trace: SessionTrace,
-        signer: ReasoningSigner | None = None,
+        signer: ReasoningSigner | None = None, *, train_subagents: bool = False,
     ) -> None:
+        """`train_subagents`: a sub-agent's segments get role `agent` (trained on) instead of
+        `auxiliary`; they are linked to the tool call that started them either way."""
         self.renderer = renderer
         self.trace = trace
         self.signer = signer or ReasoningSigner(secrets.token_bytes(32), "bridge")
+        self.train_subagents = train_subagents
+        self._spawns = SpawnRegistry()
+        self._subagent_tools: set[bytes] = set()  # tool sets sub-agents were seen with
         self._lock = threading.Lock()
         self._turns: dict[bytes, TurnNode] = {}  # chain after our turn -> node
         self._requests: dict[bytes, TurnNode] = {}  # chain of a request -> its node
@@ -108,6 +120,7 @@ class PromptBridge:
             plan = PromptPlan(self.renderer.render_full(request.messages, request.tools, budget),
                               chain[-1], chain[0], "new")
         plan.echoes = echoes
+        plan.opening = opening_text(request.messages)
         return plan
 
     def _plan_reusing(
@@ -187,7 +200,8 @@ class PromptBridge:
             if blanked not in tried:
                 messages = list(request.messages)
                 for index in tool_results[:blanked]:
-                    messages[index] = replace(messages[index], content=TRUNCATED_TOOL_RESULT)
+                    messages[index] = replace(messages[index], content=TRUNCATED_TOOL_RESULT,
+                                              parts=())  # its images go too
                 try:
                     tried[blanked] = self.renderer.render_full(messages, request.tools, budget)
                 except PromptTooLong as exc:
@@ -211,7 +225,8 @@ class PromptBridge:
                 low = middle + 1
         prompt = render(high)
         assert not isinstance(prompt, PromptTooLong)
-        return PromptPlan(prompt, chain[-1], chain[0], "new", truncated_tool_results=high)
+        return PromptPlan(prompt, chain[-1], chain[0], "new", truncated_tool_results=high,
+                          opening=opening_text(request.messages))
 
     def commit(
         self, plan: PromptPlan, completion: Completion, turn: AssistantTurn, latency_s: float
@@ -222,13 +237,15 @@ class PromptBridge:
                 raise TraceFrozen("the session ended before this call finished")
             kind, segment_index = self._place(plan)
             segment = self.trace.segments[segment_index]
-            prompt_end = len(segment.tokens) + len(plan.inserted_ids if kind == "extend" else ())
+            inserted = plan.inserted_ids if kind == "extend" else ()
+            prompt_end = len(segment.tokens) + len(inserted)
             segment.append_call(
-                plan.inserted_ids if kind == "extend" else (),
+                inserted + plan.forced_ids,
                 completion.token_ids,
                 completion.logprobs,
                 completion.policy_version,
                 plan.sampling,
+                forced=len(plan.forced_ids),
             )
             node = TurnNode(
                 segment=segment_index,
@@ -257,6 +274,7 @@ class PromptBridge:
                     altered_reasoning=plan.echoes.altered,
                 )
             )
+            self._spawns.add(node.call_index, turn.tool_calls)
             self._requests[plan.request_key] = node
             self._turns[_chain(plan.request_key, node.assistant.semantic_key())] = node
             return node
@@ -270,8 +288,9 @@ class PromptBridge:
             segment = TraceSegment(
                 "discarded", list(plan.prompt_ids), len(plan.prompt_ids), incomplete=True
             )
-            segment.append_call((), completion.token_ids, completion.logprobs,
-                                completion.policy_version, plan.sampling)
+            segment.append_call(plan.forced_ids, completion.token_ids, completion.logprobs,
+                                completion.policy_version, plan.sampling,
+                                forced=len(plan.forced_ids))
             self.trace.segments.append(segment)
             self.trace.calls.append(
                 CallRecord(
@@ -302,11 +321,30 @@ class PromptBridge:
         # generation, sub-agents) are auxiliary.
         if self._agent_tools_key is None:
             self._agent_tools_key = plan.tools_key
-        role = "agent" if plan.tools_key == self._agent_tools_key else "auxiliary"
         parent = plan.parent.segment if plan.parent is not None else None
+        role, link = self._role(plan, parent)
         # A copy: the segment grows as calls land, the plan's prompt must not.
-        segments.append(TraceSegment(role, list(plan.prompt_ids), len(plan.prompt_ids), parent=parent))
+        segment = TraceSegment(role, list(plan.prompt_ids), len(plan.prompt_ids), parent=parent)
+        if link is not None:
+            segment.parent = self.trace.calls[link.call_index].segment
+            segment.parent_call_id = link.call_id
+        segments.append(segment)
         return ("branch" if parent is not None else "new"), len(segments) - 1
+
+    def _role(self, plan: PromptPlan, parent: int | None) -> tuple[SegmentRole, SubagentLink | None]:
+        """A new segment's role, and the tool call it is the sub-agent of (caller holds the
+        lock). A branch keeps its `parent` (the segment it copies) and is not linked again."""
+        if plan.tools_key == self._agent_tools_key:
+            return "agent", None
+        link = self._spawns.find(plan.opening) if parent is None else None
+        if link is not None and self.trace.segments[
+                self.trace.calls[link.call_index].segment].role == "discarded":
+            link = None  # the call was retried: its answer never reached the harness
+        if link is not None:
+            self._subagent_tools.add(plan.tools_key)
+        if link is not None or plan.tools_key in self._subagent_tools:
+            return ("agent" if self.train_subagents else "auxiliary"), link
+        return "auxiliary", None
 
     def _is_tail(self, node: TurnNode) -> bool:
         segment = self.trace.segments[node.segment]
@@ -327,6 +365,7 @@ class PromptBridge:
             response_logprobs=segment.response_logprobs[node.prompt_end - segment.prompt_len :],
             policy_versions=segment.policy_versions[node.n_calls - 1 : node.n_calls],
             sampling=segment.sampling[node.n_calls - 1 : node.n_calls],
+            forced_tokens=segment.forced_tokens[node.n_calls - 1 : node.n_calls],
             call_starts=[0],
             parent=node.segment,
         )

@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 import orjson
 
+from .images import Part, template_content
 from .json_echo import echo_key
+from .tool_choice import AUTO, ToolChoice
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -56,14 +58,19 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    # Set when the content held images: text and `ImagePart`s in order; `content` is then the
+    # text with a placeholder per image (what a text-only model reads; see `images`).
+    parts: tuple[Part, ...] = field(default=(), compare=False)
     # Not part of `semantic_key`: a turn echoed without its reasoning is still that turn
     # (`reasoning.check_echoes` decides what an altered one means).
     reasoning: tuple[ReasoningPart, ...] = ()
 
-    def template_dict(self) -> dict[str, Any]:
+    def template_dict(self, multimodal: bool = False) -> dict[str, Any]:
         """The message as Hugging Face chat templates expect it (OpenAI shape, arguments as
-        mappings so templates can `tojson` them)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        mappings so templates can `tojson` them); with `multimodal`, content holding images is a
+        list of text and image parts."""
+        content: Any = template_content(self.parts) if multimodal and self.parts else self.content
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [
                 {
@@ -135,6 +142,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     model: str = ""
+    tool_choice: ToolChoice = AUTO
 
     def tools_key(self) -> bytes:
         """Digest of the tool list: a different tool set is a different conversation."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 import anyio
 
@@ -32,11 +33,12 @@ from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
 from .errors import ProxyError
 from .events import CallEvent, CallFinished, CallProgress, KeepAlive
-from .reasoning import ThinkSplitter
+from .reasoning import THINK_CLOSE, ThinkSplitter
 from .rendering import PromptTooLong
 from .sessions import SESSION_CLOSED_DURING_CALL, ProxySession
 from .settings import ProxySettings
-from .tool_parsers import make_tool_call_parser
+from .tool_choice import steer
+from .tool_parsers import make_tool_call_parser, tool_call_open_tag
 
 
 class PreparedCall:
@@ -71,13 +73,18 @@ class PreparedCall:
 
     async def events(self) -> AsyncIterator[CallEvent]:
         self._consumed = True
-        text = AnswerText(self.engine.tokenizer, self.request.sampling.stop)
+        steering = self.plan.steering
+        text = AnswerText(self.engine.tokenizer,
+                          (*self.request.sampling.stop, *steering.hidden_stops))
         thinking = self.session.reasoning_format
-        answer = ParsedAnswer(
+        answer = ParsedAnswer(  # reasoning is split off before tool calls are parsed
             make_tool_call_parser(self.engine.tool_call_format),
+            steering.max_tool_calls,
             None if thinking is None else ThinkSplitter(thinking, self.session.signer.sign),
         )
         try:
+            for event in answer.feed(steering.forced_text):  # the forced start of the answer
+                yield event
             self._report(finished=False)  # before the prefill ends: the call has started
             async for ping in keepalives_until(self._first, self._keepalive_s):
                 yield ping
@@ -88,7 +95,8 @@ class PreparedCall:
                 self._report(finished=False)
                 for event in answer.feed(text.push(chunk)):
                     yield event
-                if text.stop_hit is not None or chunk.finish_reason is not None:
+                if (text.stop_hit is not None or chunk.finish_reason is not None
+                        or answer.full):
                     break
                 chunk = await anext(self._stream, None)
             self._take_server_version()
@@ -105,9 +113,12 @@ class PreparedCall:
         yield self._commit(answer, text.stop_hit)
 
     def _commit(self, answer: ParsedAnswer, stop_hit: str | None) -> CallFinished:
-        """Record the finished answer; a stop string that ended it makes it a "stop"."""
+        """Record the finished answer; a stop string that ended it makes it a "stop" (the
+        client hears of it only if it asked for that string, not for a `tool_choice` stop)."""
         if stop_hit is not None:
             self.completion.finish_reason = "stop"
+            if stop_hit not in self.request.sampling.stop:
+                stop_hit = None
         turn = answer.turn(self.completion.finish_reason)
         try:
             self.session.bridge.commit(self.plan, self.completion, turn, self._elapsed())
@@ -170,7 +181,8 @@ def plan_prompt(
     (its error then says "at least N tokens"), and what it costs must not grow with what a
     client sends."""
     try:
-        return _plan_prompt(session, engine, request, settings)
+        plan = _plan_prompt(session, engine, request, settings)
+        return _steer(plan, session, engine, request)
     except ProxyError as error:
         if error.kind == "context_length":  # the episode tells "cannot start" from the trace
             session.trace.note_overflow(error.prompt_tokens, error.max_context)
@@ -202,6 +214,26 @@ def _plan_prompt(
         raise _context_error(ContextLengthExceeded(exc.prompt_tokens, engine.max_context)) from None
 
 
+def _steer(
+    plan: PromptPlan, session: ProxySession, engine: Engine, request: ChatRequest
+) -> PromptPlan:
+    """Settle how the answer obeys the request's `tool_choice`: its forced first tokens."""
+    plan.steering = steer(request.tool_choice, tool_call_open_tag(engine.tool_call_format))
+    thinking = session.reasoning_format
+    if plan.steering.forced_text and thinking is not None and thinking.opened:
+        # The generation prompt opened `<think>`: a forced call comes after closing it, so
+        # the call is parsed as the answer, not as reasoning.
+        plan.steering = replace(plan.steering,
+                                forced_text=THINK_CLOSE + "\n\n" + plan.steering.forced_text)
+    if plan.steering.forced_text:
+        plan.forced_ids = tuple(session.bridge.renderer.encode(plan.steering.forced_text))
+        try:
+            engine.check_fits(len(plan.prompt_ids) + len(plan.forced_ids))
+        except ContextLengthExceeded as exc:
+            raise _context_error(exc) from None
+    return plan
+
+
 def prompt_budget(engine: Engine) -> int:
     """How many prompt tokens are worth counting exactly for this engine."""
     return engine.max_context + engine.max_context // 4
@@ -217,13 +249,14 @@ async def start_call(
 ) -> PreparedCall:
     """Send the planned prompt to the engine and wait up to `first_token_grace_s` for its first
     chunk, so an engine that fails at once still gets an HTTP error."""
+    engine_prompt = [*plan.prompt_ids, *plan.forced_ids]
     sampling = session.sampling_params(
-        request.sampling, len(plan.prompt_ids), engine.max_context, settings.default_max_tokens
+        request.sampling, len(engine_prompt), engine.max_context, settings.default_max_tokens
     )
     plan.sampling = CallSampling.of(sampling)  # the trace records what drew the tokens
     context = RequestContext(routing_key=session.session_id, policy_version=session.policy_version)
     try:
-        stream = engine.stream(plan.prompt_ids, sampling, context)
+        stream = engine.stream(engine_prompt, sampling, context)
     except ContextLengthExceeded as exc:
         raise _context_error(exc) from None
     first = asyncio.ensure_future(anext(stream, None))

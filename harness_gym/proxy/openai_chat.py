@@ -33,6 +33,8 @@ from .events import (
     TextDelta,
     ToolCallDone,
 )
+from .images import Part, from_data_url, parts_with_images, text_with_placeholders
+from .tool_choice import openai_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -81,6 +83,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
             stream_options, "include_usage", bool, "stream_options.include_usage", default=False
         ),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=openai_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                       [t.name for t in tools]),
     )
 
 
@@ -96,7 +100,7 @@ def _parse_message(raw: Any, param: str) -> Message:
             "'system', 'developer', 'user', 'assistant' and 'tool'.",
             f"{param}.role",
         )
-    content = _parse_content(raw.get("content"), f"{param}.content")
+    parts = _parse_content(raw.get("content"), f"{param}.content")
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: tuple[ReasoningPart, ...] = ()
     if role == "assistant":
@@ -109,8 +113,9 @@ def _parse_message(raw: Any, param: str) -> Message:
     if role == "tool":
         tool_call_id = field(raw, "tool_call_id", str, f"{param}.tool_call_id", required=True)
     name = field(raw, "name", str, f"{param}.name")
-    return Message(role, content, tool_calls, tool_call_id, name if role != "assistant" else None,
-                   reasoning)
+    return Message(role, text_with_placeholders(parts), tool_calls, tool_call_id,
+                   name if role != "assistant" else None, parts=parts_with_images(parts),
+                   reasoning=reasoning)
 
 
 def _parse_reasoning(raw: dict[str, Any], param: str) -> tuple[ReasoningPart, ...]:
@@ -123,16 +128,17 @@ def _parse_reasoning(raw: dict[str, Any], param: str) -> tuple[ReasoningPart, ..
     return ()
 
 
-def _parse_content(raw: Any, param: str) -> str:
+def _parse_content(raw: Any, param: str) -> list[Part]:
+    """Text parts, and `image_url` parts (kept as images; see `images`)."""
     if raw is None:
-        return ""
+        return []
     if isinstance(raw, str):
-        return raw
+        return [raw]
     if not isinstance(raw, list):
         raise invalid(
             f"Invalid type for '{param}': expected a string or an array of content parts.", param
         )
-    texts = []
+    texts: list[Part] = []
     for i, part in enumerate(raw):
         if isinstance(part, str):
             texts.append(part)
@@ -140,6 +146,12 @@ def _parse_content(raw: Any, param: str) -> str:
         if not isinstance(part, dict):
             raise invalid(f"Invalid type for '{param}[{i}]': expected an object.", f"{param}[{i}]")
         kind = part.get("type", "text")
+        if kind == "image_url":
+            image = field(part, "image_url", (dict, str), f"{param}[{i}].image_url", required=True)
+            url = image if isinstance(image, str) else field(
+                image, "url", str, f"{param}[{i}].image_url.url", required=True)
+            texts.append(from_data_url(url))
+            continue
         if kind not in ("text", "input_text", "output_text"):
             raise invalid(
                 f"Unsupported content part type '{kind}' in '{param}[{i}]': this model takes "
@@ -147,7 +159,7 @@ def _parse_content(raw: Any, param: str) -> str:
                 f"{param}[{i}].type",
             )
         texts.append(field(part, "text", str, f"{param}[{i}].text", required=True))
-    return "".join(texts)
+    return texts
 
 
 def _parse_tool_call(raw: Any, param: str) -> ToolCall:

@@ -27,7 +27,9 @@ from .events import (
     TextDelta,
     ToolCallDone,
 )
+from .images import ImagePart, Part, from_data_url, parts_with_images, text_with_placeholders
 from .openai_chat import error_body
+from .tool_choice import ToolChoice, openai_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
@@ -73,6 +75,8 @@ def parse_responses_request(body: dict[str, Any]) -> ChatRequest:
         sampling=sampling,
         stream=field(body, "stream", bool, "stream", default=False),
         model=field(body, "model", str, "model", default=""),
+        tool_choice=openai_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                       [t.name for t in tools]),
     )
 
 
@@ -100,13 +104,15 @@ def _add_item(
         if role not in ("system", "user", "assistant"):
             raise invalid(f"Invalid value for '{param}.role': '{role}'. Supported values are: "
                           "'user', 'assistant', 'system' and 'developer'.", f"{param}.role")
-        text = _content_text(item.get("content"), f"{param}.content")
+        parts = _content_parts(item.get("content"), f"{param}.content")
+        text = text_with_placeholders(parts)
+        images = parts_with_images(parts)
         last = messages[-1] if messages else None
         if (role == "assistant" and last is not None and last.role == "assistant"
                 and last.reasoning and not last.content and not last.tool_calls):
-            messages[-1] = replace(last, content=text)  # the turn its reasoning started
+            messages[-1] = replace(last, content=text, parts=images)  # its reasoning's turn
         else:
-            messages.append(Message(role, text))
+            messages.append(Message(role, text, parts=images))
     elif kind == "function_call":
         arguments = field(item, "arguments", str, f"{param}.arguments", required=True)
         try:
@@ -124,9 +130,10 @@ def _add_item(
             messages.append(Message("assistant", "", (call,)))
     elif kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else _content_text(output, f"{param}.output")
+        parts = [output] if isinstance(output, str) else _content_parts(output, f"{param}.output")
         call_id = field(item, "call_id", str, f"{param}.call_id", required=True)
-        messages.append(Message("tool", text, tool_call_id=call_id))
+        messages.append(Message("tool", text_with_placeholders(parts), tool_call_id=call_id,
+                                parts=parts_with_images(parts)))
     else:
         raise invalid(f"Unsupported input item type '{kind}' in '{param}': supported are "
                       "'message', 'function_call', 'function_call_output' and 'reasoning'.",
@@ -149,24 +156,48 @@ def _reasoning_part(item: dict[str, Any], param: str) -> ReasoningPart | None:
     return ReasoningPart("".join(texts), signature)
 
 
-def _content_text(raw: Any, param: str) -> str:
+def _content_parts(raw: Any, param: str) -> list[Part]:
+    """Text parts, and `input_image` / `input_file` parts (kept as images; see `images`)."""
     if isinstance(raw, str):
-        return raw
+        return [raw]
     if not isinstance(raw, list):
         raise invalid(f"Invalid type for '{param}': expected a string or an array of content "
                       "parts.", param)
-    texts = []
+    texts: list[Part] = []
     for i, part in enumerate(raw):
         where = f"{param}[{i}]"
         if not isinstance(part, dict):
             raise invalid(f"Invalid type for '{where}': expected an object.", where)
         kind = field(part, "type", str, f"{where}.type", required=True)
+        if kind in ("input_image", "input_file"):
+            texts.append(_file_part(part, kind, where))
+            continue
         if kind not in ("input_text", "output_text", "text"):
             raise invalid(f"Unsupported content part type '{kind}' in '{where}': this model "
                           "takes text only.", f"{where}.type")
         texts.append(field(part, "text", str, f"{where}.text", required=True))
-    return "".join(texts)
+    return texts
 
+
+def _file_part(part: dict[str, Any], kind: str, where: str) -> ImagePart:
+    """`input_image` (`image_url`: a data or web URL, or a `file_id`) or `input_file`."""
+    if kind == "input_image":
+        url = field(part, "image_url", str, f"{where}.image_url")
+        if url:
+            return from_data_url(url)
+        file_id = field(part, "file_id", str, f"{where}.file_id")
+        if not file_id:
+            raise invalid(f"Missing required parameter: '{where}.image_url' (or file_id).",
+                          f"{where}.image_url")
+        return ImagePart("", url="file:" + file_id)
+    data = field(part, "file_data", str, f"{where}.file_data", default="")
+    if data.startswith("data:"):
+        return from_data_url(data, kind="document")
+    if data:
+        return ImagePart("", data, kind="document")
+    url = field(part, "file_url", str, f"{where}.file_url", default="")
+    return ImagePart("", url=url or "file:" + field(part, "file_id", str, f"{where}.file_id",
+                                                     default=""), kind="document")
 
 def _parse_tool(raw: Any, param: str) -> ToolSpec | None:
     """A function tool, or None for hosted tools (web search, file search...), which a local
@@ -200,6 +231,7 @@ class ResponseWriter:
         self.model = model
         self.created_at = int(time.time())
         self.sampling = request.sampling
+        self.tool_choice = request.tool_choice
         self.tools = [
             {"type": "function", "name": t.name, "description": t.description,
              "parameters": t.parameters, "strict": False}
@@ -235,10 +267,11 @@ class ResponseWriter:
             else None,
             "instructions": None, "metadata": {}, "model": self.model,
             "output": self.output if done is not None else [],
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": self.tool_choice.parallel,
             "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
             "max_output_tokens": self.sampling.max_tokens,
-            "tool_choice": "auto", "tools": self.tools, "usage": usage,
+            "tool_choice": _wire_tool_choice(self.tool_choice), "tools": self.tools,
+            "usage": usage,
         }
 
     def body(self) -> dict[str, Any]:
@@ -362,6 +395,12 @@ class ResponseWriter:
         return (self._event("error", code=body["code"], message=body["message"],
                             param=body["param"])
                 + self._event("response.failed", response=failed))
+
+
+def _wire_tool_choice(choice: ToolChoice) -> Any:
+    if choice.mode == "named":
+        return {"type": "function", "name": choice.name}
+    return choice.mode
 
 
 def _text_part(text: str) -> dict[str, Any]:

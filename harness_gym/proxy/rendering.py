@@ -51,7 +51,12 @@ class TemplateNotIncremental(RuntimeError):
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, stop_token_ids: Sequence[int], *, multimodal: bool = False
+    ) -> None:
+        """`multimodal`: the template is given images as content parts (`images` module);
+        otherwise each image is its text placeholder."""
+        self.multimodal = multimodal
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the engine's tokenizer has no chat template")
         self.tokenizer = tokenizer
@@ -177,7 +182,7 @@ class PromptRenderer:
     ) -> list[int]:
         self._refuse_clearly_too_long(messages, budget)
         text = self.render_text(
-            [m.template_dict() for m in messages], [t.template_dict() for t in tools]
+            [m.template_dict(self.multimodal) for m in messages], [t.template_dict() for t in tools]
         )
         return self.encode(text, budget)
 
@@ -200,7 +205,8 @@ class PromptRenderer:
         self._refuse_clearly_too_long(new_messages, budget)
         stand_in = [_PLACEHOLDER_USER, without_reasoning(assistant).template_dict()]
         before = self.render_text(stand_in, add_generation_prompt=False)
-        after = self.render_text(stand_in + [m.template_dict() for m in new_messages])
+        after = self.render_text(
+            stand_in + [m.template_dict(self.multimodal) for m in new_messages])
         marker = self.end_of_turn_text
         turns = before.count(marker)
         earlier = _end_of_nth(before, marker, turns - 1)  # where our turn starts, about

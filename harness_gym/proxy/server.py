@@ -82,7 +82,8 @@ class InterceptionProxy:
         self.admin_key: str | None = (
             None if open_admin else admin_key or "hga-" + secrets.token_urlsafe(24)
         )
-        self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids)
+        self.renderer = PromptRenderer(self.engine.tokenizer, self.engine.stop_token_ids,
+                                       multimodal=self.engine.accepts_images)
         self.sessions = SessionRegistry(
             self.renderer, max_sessions=self.settings.max_sessions,
             idle_timeout_s=self.settings.session_idle_timeout_s,
@@ -162,8 +163,9 @@ class InterceptionProxy:
         policy_version: int | None = None,
         sampling: dict[str, Any] | None = None,
         context_overflow: str = "error",
+        train_subagents: bool = False,
     ) -> ProxySession:
-        return self.sessions.open(policy_version, sampling, context_overflow)
+        return self.sessions.open(policy_version, sampling, context_overflow, train_subagents)
 
     def close_session(self, session_id: str) -> ProxySession | None:
         """End a session (calls still running record nothing more). Idempotent: a session

@@ -77,6 +77,9 @@ class ProxySession:
     # compacts its own history). "truncate": the proxy blanks the oldest tool results until it
     # fits, records it, and starts a new segment.
     context_overflow: str = "error"
+    # A sub-agent's segments (linked to the tool call that started it) are role "agent" when
+    # true, "auxiliary" otherwise (`proxy.subagents`).
+    train_subagents: bool = False
     trace: SessionTrace = field(default_factory=SessionTrace)
     created: float = field(default_factory=time.time)
     # How the policy writes reasoning (None: it does not), and the proxy's key for signing it
@@ -87,7 +90,8 @@ class ProxySession:
     def __post_init__(self) -> None:
         self.signer = ReasoningSigner(self.reasoning_key or secrets.token_bytes(32),
                                       self.session_id)
-        self.bridge = PromptBridge(self.renderer, self.trace, self.signer)
+        self.bridge = PromptBridge(self.renderer, self.trace, self.signer,
+                                   train_subagents=self.train_subagents)
         self.closed = False
         self.calls_in_flight = 0  # touched on the proxy's event loop only
         self.last_active = time.monotonic()
@@ -171,11 +175,13 @@ class SessionRegistry:
         policy_version: int | None = None,
         sampling: dict[str, Any] | None = None,
         context_overflow: str = "error",
+        train_subagents: bool = False,
     ) -> ProxySession:
         session_id = "hg-" + secrets.token_urlsafe(24)
         session = ProxySession(
             session_id, self._renderer, parse_session_sampling(sampling), policy_version,
             context_overflow=check_context_overflow(context_overflow),
+            train_subagents=train_subagents,
             reasoning_format=self._reasoning_format, reasoning_key=self._reasoning_key,
         )
         with self._lock:

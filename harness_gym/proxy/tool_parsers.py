@@ -119,6 +119,12 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
 TOOL_CALL_PARSERS: dict[str, type[HermesToolCallParser]] = {"hermes": HermesToolCallParser}
 
 
+def tool_call_open_tag(name: str) -> str:
+    """The text every tool call of format `name` starts with (what `tool_choice` forces)."""
+    make_tool_call_parser(name)  # the same error for an unknown format
+    return TOOL_CALL_PARSERS[name].open_tag
+
+
 def make_tool_call_parser(name: str) -> ToolCallParser:
     try:
         return TOOL_CALL_PARSERS[name]()

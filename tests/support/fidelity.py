@@ -59,11 +59,12 @@ def run_harness(
     *,
     sampling: dict[str, Any] | None = None,
     timeout_s: float = 300,
+    train_subagents: bool = False,
 ) -> HarnessRun:
     """One headless run of `harness` on `prompt`, through a proxy in front of `engine`, with the
     endpoint an episode would give it (the engine's window, the session's output cap)."""
     with InterceptionProxy(engine) as proxy, LocalSandboxBackend().create(SandboxSpec()) as box:
-        session = proxy.open_session(sampling=sampling)
+        session = proxy.open_session(sampling=sampling, train_subagents=train_subagents)
         cap = (sampling or {}).get("max_tokens") or proxy.app.settings.default_max_tokens
         endpoint = Endpoint.for_model(box.proxy_url(proxy.url), session.session_id,
                                       engine.model_name, engine.max_context, cap)
