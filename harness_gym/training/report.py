@@ -55,8 +55,9 @@ def plot_learning_curve(results: Mapping[str, Any], path: str | Path | None = No
     fig, (ax_pass, ax_tools, ax_reward) = plt.subplots(1, 3, figsize=(14, 4.2))
 
     rates = [s["pass_at_1"] for _, s in evals]
-    below = [r - s["pass_at_1_ci"][0] for r, (_, s) in zip(rates, evals, strict=True)]
-    above = [s["pass_at_1_ci"][1] - r for r, (_, s) in zip(rates, evals, strict=True)]
+    # Wilson bounds at 0 or 1 come back a rounding error past the rate (1e-17): clamp.
+    below = [max(0.0, r - s["pass_at_1_ci"][0]) for r, (_, s) in zip(rates, evals, strict=True)]
+    above = [max(0.0, s["pass_at_1_ci"][1] - r) for r, (_, s) in zip(rates, evals, strict=True)]
     ax_pass.errorbar(names, rates, yerr=[below, above], fmt="o-", capsize=5)
     ax_pass.set_ylim(0, 1)
     ax_pass.set_title("held-out pass@1 (95% Wilson CI)")
