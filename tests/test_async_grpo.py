@@ -560,13 +560,15 @@ def test_the_worker_runs_its_groups_on_the_ray_executor():
         pytest.skip("Pi installs with npm")
     pytest.importorskip("ray", reason="executor='ray' needs Ray")
     from harness_gym.config import EpisodeConfig
+    from harness_gym.ray_cluster import RayCluster
     from harness_gym.ray_executor import RayEpisodeExecutor
 
     # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
     # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
     config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
-    executor = RayEpisodeExecutor(config, max_episodes_per_node=2, init_kwargs={
+    cluster = RayCluster(init_kwargs={
         "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
+    executor = RayEpisodeExecutor(config, max_episodes_per_node=2, cluster=cluster)
     groups: list[tuple[list[EpisodeResult], list[Any]]] = []
     worker = HarnessRolloutWorker(
         "builtin", group_size=2, groups_in_flight=1, executor=executor, config=config,

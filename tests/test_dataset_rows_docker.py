@@ -140,7 +140,8 @@ def _row(**changes: object) -> object:
 def _runner(backend: object) -> EpisodeRunner:
     # Never launched, no model called: the sandbox is refused first.
     harness = load_harness("pi")
-    proxy = SimpleNamespace(engine=SimpleNamespace(model_name="unused", tokenizer_source=None))
+    proxy = SimpleNamespace(engine=SimpleNamespace(model_name="unused", tokenizer_source=None,
+                                                  max_context=32768))
     config = EpisodeConfig(harness=harness, engine="oracle", sandbox=backend,
                            episode_timeout_s=10, test_timeout_s=10)
     return EpisodeRunner(proxy, harness, backend, config)  # type: ignore[arg-type]

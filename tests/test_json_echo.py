@@ -66,7 +66,7 @@ def _runtime(name: str) -> Iterator[RoundTrip]:
     else:
         opencode = load_harness("opencode")
         if not opencode.is_installed():
-            pytest.skip("OpenCode is not installed (harness-gym install opencode)")
+            pytest.skip("OpenCode is not installed (`harness-gym harnesses --install`)")
         oracle = LineOracle([str(opencode.executable()), "-e", ROUND_TRIP_JS],
                             env={"BUN_BE_BUN": "1", "PATH": "/usr/bin:/bin"})
     try:

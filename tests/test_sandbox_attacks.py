@@ -55,7 +55,7 @@ PI = load_harness("pi")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(not PI.is_installed(), reason="Pi is not installed: harness-gym install pi"),
+    pytest.mark.skipif(not PI.is_installed(), reason="Pi is not installed: `harness-gym harnesses --install`"),
     pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning"),
 ]
 

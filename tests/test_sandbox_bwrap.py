@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -175,6 +176,22 @@ def test_the_hosts_loopback_is_unreachable_and_the_proxy_url_reaches_the_proxy(
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_the_proxy_url_works_from_a_sandbox_under_a_deep_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_server: tuple[str, list[str]]
+) -> None:
+    # A Ray runner's sandboxes live deep in its node's temp dir: the relay socket's path is past
+    # the 108 bytes a unix socket address may have.
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    proxy, asked = host_server
+    with BwrapSandboxBackend().create(SandboxSpec()) as box:
+        url = box.proxy_url(proxy)
+        assert len(str(Path(box.root, "run", "p65535.sock"))) > 108
+        assert _run_in_job(box, _fetch(url + "/v1/models")) == "hello from the host\n"
+    assert asked == ["/v1/models"]
 
 
 def test_no_route_leaves_the_sandbox(box: BwrapSandbox) -> None:

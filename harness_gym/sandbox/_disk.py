@@ -2,11 +2,12 @@
 
 No mechanism here both caps a directory's size and works without privileges (a tmpfs or a loop
 mount needs root, quotas need filesystem support), so the cap is a check: while the agent's
-commands run, a thread measures the tree every `interval_s` and, once it is over the limit, calls
-`on_exceeded` (the sandbox kills its processes and records why). A writer can overshoot by what
-it writes in one interval; commands also run with RLIMIT_FSIZE at the limit (`prlimit`), so no
-single file grows past it. The episode then ends `harness_error`, and the host disk keeps its
-space.
+commands run, a thread measures the tree and, once it is over the limit, calls `on_exceeded` (the
+sandbox kills its processes and records why). It measures as often as costs it about a tenth of a
+core (every `MIN_INTERVAL_S` for a task repo, less often for a big tree, at least every
+`interval_s`), so a writer overshoots by what it writes between two measurements plus the kill;
+commands also run with RLIMIT_FSIZE at the limit (`prlimit`), so no single file grows past it.
+The episode then ends `harness_error`, and the host disk keeps its space.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+MIN_INTERVAL_S = 0.05
+SCANS_PER_WAIT = 10  # wait ten scans' time between scans: about a tenth of a core at most
 
 
 def tree_bytes(root: Path | str) -> int:
@@ -81,9 +86,13 @@ class DiskWatch:
             thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        wait_s = MIN_INTERVAL_S
+        while not self._stop.wait(wait_s):
+            started = time.monotonic()
             used = tree_bytes(self.root)
             if used > self.limit_bytes:
                 self._stop.set()
                 self._on_exceeded(used)
                 return
+            scan_s = time.monotonic() - started
+            wait_s = min(self.interval_s, max(MIN_INTERVAL_S, SCANS_PER_WAIT * scan_s))

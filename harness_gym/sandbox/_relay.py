@@ -25,8 +25,11 @@ RELAY_SCRIPT = r"""
 import os, socket, sys, threading
 def addr(a):
     kind, _, rest = a.partition(":")
-    if kind == "unix":
-        return socket.AF_UNIX, rest
+    if kind == "unix":  # by name from its dir: a deep dir (a Ray node's) passes the 108-byte limit
+        where, _, name = rest.rpartition("/")
+        if where:
+            os.chdir(where)
+        return socket.AF_UNIX, name
     host, _, port = rest.rpartition(":")
     return socket.AF_INET, (host, int(port))
 (lfam, laddr), (cfam, caddr) = addr(sys.argv[1]), addr(sys.argv[2])
@@ -79,8 +82,6 @@ while True:
     c, _ = srv.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
-
-
 
 
 def start_host_relay(socket_path: Path, host: str, port: int) -> subprocess.Popen[bytes]:
