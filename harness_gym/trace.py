@@ -231,10 +231,10 @@ class SessionTrace:
 
     @property
     def first_prompt_overflowed(self) -> ContextOverflow | None:
-        """The refusal of the session's first prompt, if the model never answered a call: the
-        harness cannot work in this model's context at all."""
-        if self.n_llm_calls:
-            return None
+        """The refusal of a prompt sent before the model answered any call: the harness cannot
+        work in this model's context at all. Calls answered after it do not undo it: a CLI
+        refused at once compacts (OpenCode: a shorter summary request that fits) and sends its
+        too-long prompt again, in a loop, until the timeout."""
         return next((o for o in self.overflows if o.after_calls == 0), None)
 
     @property

@@ -77,3 +77,34 @@ def test_an_unknown_overflow_policy_is_refused(tiny):
     with InterceptionProxy(tiny) as proxy:
         with pytest.raises(Exception, match="context_overflow"):
             proxy.open_session(context_overflow="shrink")
+
+
+def test_a_refused_first_prompt_stays_the_sign_a_cli_cannot_start_after_a_shorter_call_fits(tiny):
+    """OpenCode refused at once compacts: a shorter request fits and is answered, then the long
+    prompt comes back. The first refusal still says the CLI cannot work in this context (else
+    whether the episode stops depends on which the watcher saw first); a refusal after an
+    answered call is an ordinary overflow."""
+    engine = ScriptedEngine(tiny, tool_call_script(turns=99))
+    engine.max_context = 1500
+    long = [{"role": "user", "content": "Fix the bug. " + "lorem ipsum " * 600}]
+    short = [{"role": "user", "content": "Summarize the conversation."}]
+    with InterceptionProxy(engine) as proxy:
+        refused_first = proxy.open_session(sampling={"max_tokens": 16})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=refused_first.session_id,
+                               max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 1500"):
+            client.chat.completions.create(model="m", messages=long, tools=[BASH])
+        client.chat.completions.create(model="m", messages=short, tools=[BASH])
+        assert refused_first.trace.n_llm_calls == 1
+        overflow = refused_first.trace.first_prompt_overflowed
+        assert overflow is not None and overflow.after_calls == 0
+        assert overflow.max_context == 1500 and overflow.prompt_tokens > 1500
+
+        answered_first = proxy.open_session(sampling={"max_tokens": 16})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=answered_first.session_id,
+                               max_retries=0)
+        client.chat.completions.create(model="m", messages=short, tools=[BASH])
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 1500"):
+            client.chat.completions.create(model="m", messages=long, tools=[BASH])
+        assert answered_first.trace.first_prompt_overflowed is None
+        assert [o.after_calls for o in answered_first.trace.overflows] == [1]
