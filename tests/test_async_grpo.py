@@ -558,28 +558,29 @@ def test_a_truncated_pi_episode_yields_one_sample_per_segment_token_for_token(ti
 def test_the_worker_runs_its_groups_on_the_ray_executor():
     if shutil.which("npm") is None:
         pytest.skip("Pi installs with npm")
-    pytest.importorskip("ray", reason="executor='ray' needs Ray")
+    ray = pytest.importorskip("ray", reason="executor='ray' needs Ray")
     from harness_gym.config import EpisodeConfig
     from harness_gym.ray_cluster import RayCluster
-    from harness_gym.ray_executor import RayEpisodeExecutor
 
     # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
     # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
+    # The worker starts the executor from the factory, and closes it at stop().
     config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
     cluster = RayCluster(init_kwargs={
         "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
-    executor = RayEpisodeExecutor(config, max_episodes_per_node=2, cluster=cluster)
     groups: list[tuple[list[EpisodeResult], list[Any]]] = []
     worker = HarnessRolloutWorker(
-        "builtin", group_size=2, groups_in_flight=1, executor=executor, config=config,
+        "builtin", group_size=2, groups_in_flight=1, executor=cluster, config=config,
         on_group=lambda results, samples: groups.append((results, samples)))
     try:
         worker.start()
         first = worker.rollout_buffer.get(timeout=300)
         worker.check_health(300)
+        executor = worker._executor
     finally:
         worker.stop()
-        executor.close()
+    # stop() closed the executor it built: no runner left, and the Ray it started is shut down.
+    assert executor.nodes == [] and not ray.is_initialized()
     results, samples = groups[0]
     assert [r.outcome for r in results] == ["passed", "passed"]
     assert first is samples[0] and {s.group_id for s in samples} == {0}

@@ -83,7 +83,9 @@ def test_a_first_prompt_the_proxy_refuses_ends_the_episode_as_infra_error_within
     reward, info, seconds = step_once(UncheckedOpenCode(), engine, episode_timeout_s=600)
     assert info["outcome"] == "infra_error" and info["reward_breakdown"]["drop"] is True
     assert "first request is" in info["error"] and f"context of {SMOLLM2_CONTEXT}" in info["error"]
-    assert info["n_llm_calls"] == 0
+    # Refused, OpenCode compacts: its short summary request may be answered before the episode
+    # stops the CLI (a poll interval), and changes nothing.
+    assert info["n_llm_calls"] <= 2
     assert seconds < 120, seconds  # the CLI's start-up, then at most a poll interval
 
 

@@ -58,7 +58,7 @@ def test_a_notebook_is_stored_executed_top_to_bottom(path: Path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=NAMES)
-def test_a_notebook_runs_top_to_bottom_within_a_minute(path: Path, tmp_path: Path):
+def test_a_notebook_runs_top_to_bottom_in_minutes(path: Path, tmp_path: Path):
     notebook = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
         notebook, kernel_name=_kernel_name(), timeout=120,
@@ -69,4 +69,6 @@ def test_a_notebook_runs_top_to_bottom_within_a_minute(path: Path, tmp_path: Pat
     elapsed = time.monotonic() - started
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    assert elapsed < 60, f"{path.name} took {elapsed:.0f} s"
+    # Quiet, each takes 10-40 s here; the bound (not a speed test) catches a notebook that
+    # starts a real training run, with room for a loaded CI machine.
+    assert elapsed < 180, f"{path.name} took {elapsed:.0f} s"

@@ -36,7 +36,9 @@ from harness_gym.tasks.loader import load_tasks
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
-LOCAL_CLUSTER = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+LOCAL_CLUSTER = {"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False,
+                 "log_to_driver": False}
+ROLLOUT_SLOT = {"resources": {"rollout": 1}}  # each runner takes the cluster's one rollout slot
 VERSIONS = np.array([3, 4])
 
 
@@ -84,6 +86,14 @@ def one_step(envs):
             "wall": time.perf_counter() - started}
 
 
+def rollout_free_once_settled(timeout: float = 10.0) -> float:
+    """The cluster's free `rollout` slots (Ray's accounting lags an actor's start a little)."""
+    deadline = time.monotonic() + timeout
+    while (free := ray.available_resources().get("rollout", 0.0)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
+
+
 @pytest.fixture(scope="module")
 def steps():
     assert not ray.is_initialized()
@@ -94,11 +104,12 @@ def steps():
         local.close()
     before = descendants(os.getpid())
     started = time.perf_counter()
-    envs = make_vec(executor="ray", ray_init=LOCAL_CLUSTER)
+    envs = make_vec(executor="ray", ray_init=LOCAL_CLUSTER, ray_actor_options=ROLLOUT_SLOT)
     try:
         envs.reset(seed=0)
         start_s = time.perf_counter() - started
         on_ray = one_step(envs)
+        on_ray["rollout_free"] = rollout_free_once_settled()
         executor = envs.unwrapped._executor
         nodes = executor.nodes
         on_ray.update(start_s=start_s, nodes=nodes, actor_names=executor.actor_names,
@@ -151,6 +162,10 @@ def test_the_local_cluster_runs_one_node_runner_with_its_own_proxy(steps):
     (node,) = steps["ray"]["nodes"]
     assert node["pid"] != os.getpid() and node["engine"] == "oracle"
     assert node["proxy_url"].startswith("http://127.0.0.1:") and node["harnesses"] == ["pi"]
+
+
+def test_make_vecs_ray_actor_options_reach_the_runner_actor(steps):
+    assert steps["ray"]["rollout_free"] == 0.0  # the runner holds the slot it was told to ask
 
 
 def test_close_leaves_no_actor_process_or_workspace_of_the_cluster_behind(steps):

@@ -181,13 +181,21 @@ def test_without_the_kill_step_that_process_would_have_passed(tiny: Any) -> None
     fixes the code while the tests run turns a patch that fixes nothing into a pass. (The one
     that rewrites the tests is also caught by the grader, which checks the test modules pytest
     loaded: `tampered`.)"""
+    # The process races the grader's pytest to the code (it polls every 10 ms): on a loaded
+    # machine it can lose a round, so the control gets three tries; one pass shows it is real.
     task = TASKS[0]
-    token = uuid.uuid4().hex
-    backend = WatchedBackend(load_sandbox("local"), token, skip_kill=True)
-    command = lingering_attack(task, token, "setsid -f nohup", "fixes_the_code")
-    info = run_episode(ScriptedEngine(tiny, shell_script([command])), backend, task)
-    assert info["patch"] == "" and info["outcome"] == "passed", info["error"]
-    assert wait_until(lambda: alive(token) == [])  # close() still ends it
+    verdicts = []
+    for _ in range(3):
+        token = uuid.uuid4().hex
+        backend = WatchedBackend(load_sandbox("local"), token, skip_kill=True)
+        command = lingering_attack(task, token, "setsid -f nohup", "fixes_the_code")
+        info = run_episode(ScriptedEngine(tiny, shell_script([command])), backend, task)
+        assert info["patch"] == "", info["patch"]
+        assert wait_until(lambda: alive(token) == [])  # close() still ends it
+        verdicts.append(info["outcome"])
+        if info["outcome"] == "passed":
+            break
+    assert "passed" in verdicts, verdicts
 
 
 class CountingListener:

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..config import EpisodeConfig
 from ..episode import EpisodeRequest, EpisodeResult
-from ..executors import EpisodeExecutor, ExecutorName, make_executor
+from ..executors import EpisodeExecutor, ExecutorFactory, ExecutorSpec, make_executor
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..wrappers import group_advantages
@@ -68,8 +68,9 @@ class _Group:
 class HarnessRolloutWorker:
     """TRL's `RolloutWorkerProtocol` over harness episodes (see the module docstring).
 
-    `executor` is an `EpisodeExecutor` (the caller's; not closed here) or a name ("threads",
-    "ray"), built from `config` at `start()` with room for every episode in flight. Ray ships
+    `executor` is an `EpisodeExecutor` (the caller's; not closed here), a name ("threads",
+    "ray") or a factory (`RayCluster(...)`), built from `config` at `start()` with room for
+    every episode in flight and closed at `stop()`. Ray ships
     the engine to its actors as a spec string, so there the weights reach the episodes through
     a `vllm:` engine and `VLLMWeightTransfer`; `EngineWeightTransfer` updates an in-process
     engine, which only the thread executor serves from.
@@ -96,7 +97,7 @@ class HarnessRolloutWorker:
         *,
         group_size: int = 4,
         groups_in_flight: int = 2,
-        executor: EpisodeExecutor | ExecutorName = "threads",
+        executor: EpisodeExecutor | ExecutorSpec = "threads",
         config: EpisodeConfig | None = None,
         train_auxiliary: bool = False,
         reward_fn: Callable[[Sequence[EpisodeResult]], Sequence[float]] | None = None,
@@ -137,17 +138,21 @@ class HarnessRolloutWorker:
         self._heartbeat = time.time()
         self._pushed_at = time.monotonic()
 
+    @property
+    def _builds_executor(self) -> bool:
+        return isinstance(self._executor_spec, (str, ExecutorFactory))
+
     # --- RolloutWorkerProtocol ------------------------------------------------------------
 
     def start(self) -> None:
         """Begin producing rollouts (called once the first weights are in the engine)."""
         if self._thread is not None:
             return
-        if isinstance(self._executor_spec, str):
-            self._executor = make_executor(self._executor_spec, self.config,
+        if self._builds_executor:
+            self._executor = make_executor(self._executor_spec, self.config,  # type: ignore[arg-type]
                                            max_workers=self.group_size * self.groups_in_flight)
         else:
-            self._executor = self._executor_spec
+            self._executor = self._executor_spec  # type: ignore[assignment]
         self._heartbeat = time.time()
         self._pushed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="harness-rollouts", daemon=True)
@@ -160,7 +165,7 @@ class HarnessRolloutWorker:
         if self._thread is not None:
             self._thread.join()
         executor, self._executor = self._executor, None
-        if executor is not None and isinstance(self._executor_spec, str):
+        if executor is not None and self._builds_executor:
             executor.close()
 
     def update_model_version(self, model_version: int) -> None:
