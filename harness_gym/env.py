@@ -1,16 +1,16 @@
 """`HarnessSWE-v0`: one `step()` is one whole episode of a real coding-agent CLI on a task.
 
+    import gymnasium as gym, harness_gym
+    env = gym.make("HarnessSWE-v0", harness="pi", engine="oracle")
+    problem, info = env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step({"policy_version": 0})
+    info["outcome"], reward, len(info["trace"])     # ('passed', 0.99, 1)
+    env.close()
+
+(A code block, not a doctest: it installs and runs the Pi CLI; tests/test_env.py runs it.)
+Settings are checked when the env is made, before anything heavy loads:
+
     >>> import gymnasium as gym, harness_gym
-    >>> env = gym.make("HarnessSWE-v0", harness="pi", engine="oracle")     # doctest: +SKIP
-    >>> problem, info = env.reset(seed=0)                                 # doctest: +SKIP
-    >>> _, reward, terminated, truncated, info = env.step({"policy_version": 0})  # doctest: +SKIP
-    >>> info["outcome"], reward, len(info["trace"])                       # doctest: +SKIP
-    ('passed', 0.99, 1)
-    >>> env.close()                                                       # doctest: +SKIP
-
-(Skipped as a doctest: it installs and runs the Pi CLI; tests/test_env.py runs it.) Settings
-are checked when the env is made, before anything heavy loads:
-
     >>> gym.make("HarnessSWE-v0", harness="pi", engine="smollm")
     Traceback (most recent call last):
     ...

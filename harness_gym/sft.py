@@ -14,7 +14,8 @@ A row is one trace segment as it was recorded: `input_ids = prompt_ids + respons
 prompt, and the tool results and user turns the proxy inserted between calls). Nothing is
 re-rendered or re-tokenized: the model learns the ids it will see and emit through the proxy,
 including the template's tool-call format and the CLI's own re-serialized history, which a
-re-rendering of the conversation's text would not reproduce (see DESIGN.md, "Lessons").
+re-rendering of the conversation's text would not reproduce (see docs/design.md,
+"2. The append-only token bridge").
 
 Training uses TRL's `SFTTrainer`. TRL 1.16 takes pre-tokenized rows: a dataset with an
 `input_ids` column is treated as processed (no template, no tokenizer call), a `labels` column

@@ -5,9 +5,10 @@ episode; per segment the prompt is collapsed and the response flows as text: eve
 is a `span.t` coloured by p_old (`lp-high`/`lp-mid`/`lp-low`) whose id and logprob show on hover,
 tool calls the model wrote are boxed, and what the proxy inserted (tool results, user turns:
 loss_mask 0) is a grey block. No network, no external assets: the file can be mailed around.
+From Python::
 
->>> from harness_gym.trace_view import Tokenizers, load_runs   # doctest: +SKIP
->>> page = render_html(load_runs(["runs/episodes-x.jsonl"]), Tokenizers())  # doctest: +SKIP
+    from harness_gym.trace_view import Tokenizers, load_runs
+    page = render_html(load_runs(["runs/episodes-x.jsonl"]), Tokenizers())
 """
 
 from __future__ import annotations

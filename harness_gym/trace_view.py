@@ -9,10 +9,10 @@ FILE, the newest run in `runs/`.
 Ids are decoded with the tokenizer the episode records (`info["tokenizer"]`, a spec such as
 `tiny` or a local directory): SmolLM2's ids read through the tiny tokenizer are gibberish.
 Sampled tokens are decoded incrementally, so a character split across byte-level tokens shows
-on the token that completes it; the counts and ids are exact.
+on the token that completes it; the counts and ids are exact. From Python::
 
->>> episodes = load_runs(["runs/episodes-20260101-120000.jsonl"])  # doctest: +SKIP
->>> print_terminal(episodes, Tokenizers())                         # doctest: +SKIP
+    episodes = load_runs(["runs/episodes-20260101-120000.jsonl"])  # what `run` wrote
+    print_terminal(episodes, Tokenizers())
 """
 
 from __future__ import annotations

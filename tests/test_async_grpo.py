@@ -209,8 +209,10 @@ def test_a_call_running_at_pause_ends_on_the_old_weights_and_a_waiting_one_start
         while engine.tokens_generated == 0:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        transfer.pause()  # returns once the running generation has ended
-        assert "running" in results and engine.active_requests == 0
+        transfer.pause()  # returns once the running generation has ended on the engine
+        assert engine.active_requests == 0
+        running.join(60)  # its consumer may still be reading the chunks already delivered
+        assert "running" in results
         waiting = threading.Thread(target=call, args=("waiting", 8))
         waiting.start()
         time.sleep(0.5)
@@ -218,7 +220,6 @@ def test_a_call_running_at_pause_ends_on_the_old_weights_and_a_waiting_one_start
         transfer.send_weights(iter(new))
         transfer.resume()
         waiting.join(60)
-        running.join(60)
         old_version, old_tokens, old_logprobs = results["running"]
         new_version, new_tokens, new_logprobs = results["waiting"]
         assert (old_version, new_version) == (None, 1)  # never-loaded weights carry no version
@@ -476,9 +477,18 @@ def test_three_optimiser_steps_on_pi_episodes_produced_while_training(pi_run):
 def test_episodes_of_version_v_plus_1_start_before_step_v_plus_1_ends(pi_run):
     loop, worker = pi_run["loop"], pi_run["worker"]
     step_end = {e["step"]: e["time"] for e in loop.events if e["kind"] == "step_end"}
+    computing = {e["step"]: e["time"] for e in loop.events if e["kind"] == "step_compute"}
     overlapping = [(e["version"], e["time"]) for e in worker.events if e["kind"] == "group_start"
                    and e["version"] >= 2 and e["time"] < step_end[e["version"]]]
     assert overlapping, (loop.events, worker.events)
+    # What a synchronous trainer never does: episodes run while the optimiser computes a step
+    # (from the moment its samples are in to its end).
+    ended = {e["group"]: e["time"] for e in worker.events if e["kind"] == "group_end"}
+    in_flight_during_a_step = [
+        (step, e["group"]) for e in worker.events if e["kind"] == "group_start"
+        for step in step_end if step >= 2
+        and e["time"] < step_end[step] and ended.get(e["group"], float("inf")) > computing[step]]
+    assert in_flight_during_a_step, (loop.events, worker.events)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import abc
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -89,6 +89,15 @@ class TokenChunk:
     finish_reason: FinishReason | None = None
 
 
+@runtime_checkable
+class ReportsVersion(Protocol):
+    """A stream that knows which weights sampled it (vLLM's `weight_versions`, the in-process
+    engine's load label). Its `policy_version`, read once the stream has ended, replaces the
+    trainer's label in the trace; None means the engine reported none."""
+
+    policy_version: int | None
+
+
 @dataclass
 class Completion:
     """A whole generation, assembled from a stream."""
@@ -159,6 +168,11 @@ class Engine(abc.ABC):
     def version_for(self, context: RequestContext) -> int:
         """The policy version a request's completion is labelled with."""
         return self.policy_version if context.policy_version is None else context.policy_version
+
+    def set_weight_version(self, version: int) -> None:
+        """Label the weights the engine serves from now on as `version`, after a weight sync.
+        An engine whose servers label their own weights (vLLM) labels them too."""
+        self.policy_version = int(version)
 
     def on_episode_start(self, task: Any) -> None:
         """Called as an episode on `task` starts (before its sandbox exists). A scripted policy

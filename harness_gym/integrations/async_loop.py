@@ -144,6 +144,7 @@ class AsyncGRPOLoop:
         started = time.perf_counter()
         self._event("step_start", step=self.global_step + 1)
         taken, wait_s = self._take(self.samples_per_step)
+        self._event("step_compute", step=self.global_step + 1)  # the samples are in: compute
         self.model.train()
         size = self.args.per_device_train_batch_size
         micro_batches = [taken[i:i + size] for i in range(0, len(taken), size)]

@@ -334,9 +334,8 @@ def tag_policy_version(engine: Engine, version: int, trainer: Any) -> None:
     sampled with. Otherwise only the engine's fallback label moves."""
     args = getattr(trainer, "args", None)
     synced = getattr(args, "use_vllm", False) and getattr(args, "vllm_mode", None) == "server"
-    label = getattr(engine, "set_weight_version", None)
-    if synced and label is not None:
-        label(version)
+    if synced:
+        engine.set_weight_version(version)
     else:
         engine.policy_version = version
 

@@ -24,6 +24,7 @@ from ..engines.base import (
     ContextLengthExceeded,
     Engine,
     EngineError,
+    ReportsVersion,
     RequestContext,
     TokenChunk,
 )
@@ -155,9 +156,8 @@ class PreparedCall:
     def _take_server_version(self) -> None:
         # A remote engine may report which weights sampled this answer (vLLM: on its last
         # chunk); that beats the trainer's label.
-        reported = getattr(self._stream, "policy_version", None)
-        if reported is not None:
-            self.completion.policy_version = reported
+        if isinstance(self._stream, ReportsVersion) and self._stream.policy_version is not None:
+            self.completion.policy_version = self._stream.policy_version
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started

@@ -6,8 +6,8 @@ is registered there too (setup.cfg), so a third-party backend needs nothing but 
 `default_sandbox()` picks the most isolating backend that works here, and never `local`:
 
 >>> from harness_gym.sandbox import SandboxSpec, default_sandbox, load_sandbox
->>> backend = load_sandbox(default_sandbox())  # doctest: +SKIP
->>> with backend.create(SandboxSpec()) as box:  # doctest: +SKIP
+>>> backend = load_sandbox(default_sandbox())
+>>> with backend.create(SandboxSpec()) as box:
 ...     box.exec("echo hi").stdout
 'hi\\n'
 """

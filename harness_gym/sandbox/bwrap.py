@@ -49,7 +49,7 @@ Exit codes: bwrap reports a command killed by signal n as 128+n, the shell's enc
 `kill -9` reads 137 here where `local` reads -9.
 
 >>> from harness_gym.sandbox import SandboxSpec, load_sandbox
->>> with load_sandbox("bwrap").create(SandboxSpec()) as box:  # doctest: +SKIP
+>>> with load_sandbox("bwrap").create(SandboxSpec()) as box:
 ...     box.exec("cat /root/.bashrc").exit_code
 1
 """

@@ -52,11 +52,13 @@ Containers and their /sandbox volumes are labelled `harness-gym.sandbox=1` with 
 pid, process start time, boot id and host name; a new backend removes labelled containers and
 volumes whose owner is gone (a trainer killed with SIGKILL never runs `close()`).
 
->>> from harness_gym.sandbox import SandboxSpec, load_sandbox
->>> with load_sandbox("docker").create(SandboxSpec()) as box:  # doctest: +SKIP
-...     box.exec("tail -n +2 /proc/net/route").stdout  # no routes at all
-...     url = box.proxy_url(proxy.url)  # "http://127.0.0.1:<proxy's port>", for the harness
-''
+A code block, not a doctest (it needs a docker daemon and the image `scripts/docker-image`
+builds)::
+
+    from harness_gym.sandbox import SandboxSpec, load_sandbox
+    with load_sandbox("docker").create(SandboxSpec()) as box:
+        box.exec("tail -n +2 /proc/net/route").stdout  # '': no routes at all
+        url = box.proxy_url(proxy.url)  # "http://127.0.0.1:<proxy's port>", for the harness
 """
 
 from __future__ import annotations

@@ -193,8 +193,10 @@ class E2BSandbox(RemoteShellSandbox):
 class E2BSandboxBackend(RemoteShellBackend):
     """Sandboxes as E2B microVMs.
 
-    >>> backend = E2BSandboxBackend(template="my-harness-template",
-    ...                             proxy_public_url="https://proxy.example.com")  # doctest: +SKIP
+    A code block, not a doctest (it needs an E2B account)::
+
+        backend = E2BSandboxBackend(template="my-harness-template",
+                                    proxy_public_url="https://proxy.example.com")
 
     `template` is an E2B template with the harness CLIs installed, for tasks without an image
     (None: E2B's `base`); `templates` maps a task's Docker `image_name` to the E2B template built

@@ -148,8 +148,10 @@ class HFSandbox(RemoteShellSandbox):
 class HFSandboxBackend(RemoteShellBackend):
     """Sandboxes as Hugging Face Jobs (one dedicated job each).
 
-    >>> backend = HFSandboxBackend(image="python:3.12",
-    ...                            proxy_public_url="https://proxy.example.com")  # doctest: +SKIP
+    A code block, not a doctest (it needs a Hugging Face token)::
+
+        backend = HFSandboxBackend(image="python:3.12",
+                                   proxy_public_url="https://proxy.example.com")
 
     `image` needs bash, tar and the harness CLIs (`SandboxSpec.image` overrides it per
     rollout). `namespace` is the user or org the jobs run under (default: the token's user).

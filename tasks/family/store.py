@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness_gym.engines._cache import build_once
-
+from ...engines._cache import build_once
 from ..task import TaskError
 from . import bugs, names, suite
 from .names import SPLITS
