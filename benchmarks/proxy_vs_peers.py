@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -40,7 +41,28 @@ def run_side_by_side(reps: int, conc_reps: int, out_dir: Path) -> str:
                HG_BIN=str(ROOT / ".venv" / "bin" / "harness-gym"))
     subprocess.run(["bash", str(PEERS_DIR / "run_with_harness_gym.sh")], cwd=ROOT, env=env,
                    check=True, stdout=sys.stderr)
-    return (out_dir / "table.txt").read_text()
+    return (out_dir / "table.txt").read_text() + overhead_by_turn(out_dir / "results.json")
+
+
+def overhead_by_turn(results: Path) -> str:
+    """Each target's paired overhead at turns 1, 2, 15 and the last (medians over reps): is
+    the cost flat in the conversation's length?"""
+    raw = json.loads(results.read_text())["raw_sequential_s"]
+    direct = raw["direct"]
+    lines = ["", "Overhead by turn (ms, paired with 'direct', median over reps):"]
+    for target, reps in raw.items():
+        if target == "direct":
+            continue
+
+        def at(turn: int, reps: list[list[float]] = reps) -> float:
+            return 1e3 * statistics.median(
+                rep[turn] - base[turn] for rep, base in zip(reps, direct) if len(rep) > turn)
+
+        last = min(len(rep) for rep in reps) - 1
+        lines.append(f"  {target:14s} turn 1 {at(0):6.2f}  turn 2 {at(1):6.2f}  turn 15 "
+                     f"{at(14):6.2f}  turn {last + 1} {at(last):6.2f}  (last/turn 1 "
+                     f"{at(last) / at(0):.2f}, last/turn 2 {at(last) / at(1):.2f})")
+    return "\n".join(lines) + "\n"
 
 
 # --- the hop alone ------------------------------------------------------------------------------

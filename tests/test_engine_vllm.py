@@ -253,6 +253,31 @@ def test_the_calls_of_a_session_reuse_one_connection(fresh, engines, ids_from):
     assert len(a.calls) == 3 and len({call.peer for call in a.calls}) == 1
 
 
+def test_a_stream_abandoned_mid_generation_closes_its_connection_so_the_server_aborts(
+        tiny, fresh, engines):
+    # vLLM aborts a request whose client went away: closing our stream (the CLI hung up) must
+    # close the HTTP connection, not leave it open until the generation ends.
+    a, _ = fresh
+    engine = engines([a.url], tokenizer="tiny")
+    a.hold(after_tokens=1)
+
+    async def abandon():
+        stream = engine.stream(prompt(engine, "a long answer"),
+                               SamplingParams(max_tokens=64, seed=0), RequestContext("s"))
+        first = await anext(stream)
+        await stream.aclose()
+        return first
+
+    try:
+        first = asyncio.run(abandon())
+        assert first.token_ids
+        wait_for(lambda: tiny.active_requests == 0)  # the server's generation was cancelled
+        (call,) = a.calls
+        assert call.finish_reason is None and len(call.token_ids) < 64
+    finally:
+        a.release()
+
+
 def test_both_ways_of_reading_ids_record_the_same_tokens(fresh, engines):
     a, _ = fresh
     no_echo = engines([a.url], tokenizer="tiny")

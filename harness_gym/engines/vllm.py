@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import aiohttp
 import httpx
 import orjson
 
@@ -115,6 +116,8 @@ from .base import (
 
 CLOSE_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 0.5
+# What a broken connection, a refused one or a read past `read_timeout_s` raises.
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 _JSON = {"content-type": "application/json"}
 
 log = logging.getLogger(__name__)
@@ -123,9 +126,11 @@ log = logging.getLogger(__name__)
 class VLLMEngine(Engine):
     """Samples from vLLM servers over HTTP, token ids in and out.
 
-    >>> engine = VLLMEngine(["http://127.0.0.1:8000"], tokenizer="/models/qwen")  # doctest: +SKIP
-    >>> completion = await engine.generate(                                  # doctest: +SKIP
-    ...     prompt_ids, SamplingParams(max_tokens=64), RequestContext(routing_key="session-1"))
+    A code block, not a doctest (it needs a vLLM server)::
+
+        engine = VLLMEngine(["http://127.0.0.1:8000"], tokenizer="/models/qwen")
+        completion = await engine.generate(
+            prompt_ids, SamplingParams(max_tokens=64), RequestContext(routing_key="session-1"))
 
     `tokenizer` is a tokenizer object or a local directory (or `tiny` / `smollm2`); `model_name`
     and `max_context` default to what `GET /v1/models` reports (the constructor then asks the
@@ -148,7 +153,6 @@ class VLLMEngine(Engine):
         backoff_s: float = 0.1,
         connect_timeout_s: float = 5.0,
         read_timeout_s: float | None = 600.0,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if ids_from not in IDS_FROM:
             raise ValueError(f"ids_from must be one of {IDS_FROM}, got {ids_from!r}")
@@ -162,10 +166,13 @@ class VLLMEngine(Engine):
         self.ids_from: IdsFrom = ids_from
         self.max_attempts = max(1, int(max_attempts))
         self.backoff_s = backoff_s
+        # Admin calls (probe, health, labels) are rare and use httpx; the completions hop is
+        # aiohttp's (`_client`).
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._transport = transport
-        # An AsyncClient's connection pool belongs to the loop that opened it: one per loop.
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        # A ClientSession's connection pool belongs to the loop that opened it: one per loop.
+        self._clients: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         if model_name is None or max_context is None or tokenizer is None:
             served = self._probe_models()
             model_name = model_name or served["id"]
@@ -260,7 +267,8 @@ class VLLMEngine(Engine):
     async def aset_weight_version(self, version: int) -> None:
         """`set_weight_version` without blocking the event loop."""
         self.policy_version = int(version)
-        await alabel_weights(self._client(), self.urls, version)
+        async with httpx.AsyncClient(timeout=self._timeout) as client:
+            await alabel_weights(client, self.urls, version)
 
     # -- server checks --------------------------------------------------------------------
 
@@ -301,16 +309,20 @@ class VLLMEngine(Engine):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> aiohttp.ClientSession:
+        """The completions hop's HTTP client on this loop. aiohttp, not httpx: with its C
+        parser a streamed call with a 30k-id prompt (and its echo) cost 0.6 ms of client CPU
+        where httpx + h11 took 2.4-3.0 ms (measured side by side against the shared fake
+        engine), a fifth of the proxy's whole CPU per call."""
         loop = asyncio.get_running_loop()
         for stale in [lp for lp in self._clients if lp.is_closed()]:
             del self._clients[stale]
         client = self._clients.get(loop)
-        if client is None or client.is_closed:
-            client = httpx.AsyncClient(
-                timeout=self._timeout,
-                transport=self._transport,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        if client is None or client.closed:
+            client = aiohttp.ClientSession(
+                timeout=self._stream_timeout,
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                auto_decompress=False,
             )
             self._clients[loop] = client
         return client
@@ -330,15 +342,15 @@ class VLLMEngine(Engine):
             if loop.is_closed():
                 continue
             if loop is current:  # waiting here would block the loop that must do the closing
-                loop.create_task(client.aclose())
+                loop.create_task(client.close())
             elif loop.is_running():
-                done = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+                done = asyncio.run_coroutine_threadsafe(client.close(), loop)
                 try:
                     done.result(CLOSE_TIMEOUT_S)
                 except (FutureTimeout, RuntimeError):  # the loop stopped meanwhile
                     done.cancel()
             else:
-                loop.run_until_complete(client.aclose())
+                loop.run_until_complete(client.close())
 
 
 class VLLMStream:
@@ -387,19 +399,18 @@ class VLLMStream:
                 await asyncio.sleep(engine.backoff_s * 2 ** (attempt // len(self._order) - 1))
             ids_from = engine.ids_from_for(url)
             try:
-                async with engine._client().stream(
-                    "POST", f"{url}/v1/completions", content=self._body(ids_from),
-                    headers=_JSON,
+                async with engine._client().post(
+                    f"{url}/v1/completions", data=self._body(ids_from), headers=_JSON,
                 ) as response:
-                    if response.status_code != 200:
-                        body = (await response.aread()).decode(errors="replace")
-                        raise error_for(response.status_code, body, url, self._prompt_len)
+                    if response.status != 200:
+                        body = (await response.read()).decode(errors="replace")
+                        raise error_for(response.status, body, url, self._prompt_len)
                     self.server = url
                     async for chunk in self._chunks(response, url, ids_from):
                         started = True
                         yield chunk
                     return
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 if started:  # e.g. closing the response: tokens went out, never retry
                     raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
                 failure = f"{url}: {exc!r}"
@@ -419,10 +430,10 @@ class VLLMStream:
         return body
 
     async def _chunks(
-        self, response: httpx.Response, url: str, ids_from: IdsFrom
+        self, response: aiohttp.ClientResponse, url: str, ids_from: IdsFrom
     ) -> AsyncIterator[TokenChunk]:
         yielded = False
-        events = sse_data(response.aiter_bytes())
+        events = sse_data(response.content.iter_any())
         try:
             async for data in events:
                 if data == b"[DONE]":
@@ -448,7 +459,7 @@ class VLLMStream:
                     yield chunk
                 if chunk.finish_reason is not None:
                     return
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             if not yielded:
                 raise RetryElsewhere(f"the stream broke before any token: {exc!r}") from exc
             raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
@@ -466,7 +477,7 @@ async def _read_to_end(events: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(DRAIN_TIMEOUT_S):
             async for _ in events:
                 pass
-    except (TimeoutError, httpx.TransportError):
+    except TRANSPORT_ERRORS:  # TimeoutError among them
         pass
 
 

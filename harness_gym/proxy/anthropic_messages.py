@@ -29,14 +29,21 @@ from .events import (
     ToolCallDone,
 )
 from .images import ImagePart, Part, parts_with_images, text_with_placeholders
+from .message_cache import NO_CACHE, MessageParseCache, NoCache
 from .tool_choice import anthropic_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
 
 
-def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = True) -> ChatRequest:
-    """`require_max_tokens=False` for `/v1/messages/count_tokens`, whose body has none."""
+def parse_messages_request(
+    body: dict[str, Any],
+    cache: MessageParseCache | NoCache = NO_CACHE,
+    *,
+    require_max_tokens: bool = True,
+) -> ChatRequest:
+    """`require_max_tokens=False` for `/v1/messages/count_tokens`, whose body has none.
+    `cache`: the session's parsed messages (only new ones are parsed; see `message_cache`)."""
     messages: list[Message] = []
     system = field(body, "system", (str, list), "system")
     if system is not None:
@@ -45,7 +52,7 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
     if not raw_messages:
         raise invalid("messages: at least one message is required", "messages")
     for i, raw in enumerate(raw_messages):
-        messages.extend(_parse_message(raw, f"messages[{i}]"))
+        messages.extend(cache.parse(raw, f"messages[{i}]", _parse_message))
     tools = tuple(
         spec
         for i, raw in enumerate(field(body, "tools", list, "tools", default=[]))
@@ -77,7 +84,11 @@ def parse_messages_request(body: dict[str, Any], *, require_max_tokens: bool = T
     )
 
 
-def _parse_message(raw: Any, param: str) -> list[Message]:
+def _parse_message(raw: Any, param: str) -> tuple[Message, ...]:
+    return tuple(_parse_message_blocks(raw, param))
+
+
+def _parse_message_blocks(raw: Any, param: str) -> list[Message]:
     if not isinstance(raw, dict):
         raise invalid(f"{param}: expected an object", param)
     role = field(raw, "role", str, f"{param}.role", required=True)

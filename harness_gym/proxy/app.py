@@ -21,8 +21,8 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
 from starlette.background import BackgroundTask
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -32,6 +32,7 @@ from .bridge import PromptPlan
 from .canonical import ChatRequest
 from .errors import ProxyError
 from .events import AnswerWriter, KeepAlive
+from .message_cache import MessageParseCache
 from .model_call import PreparedCall, plan_prompt, prompt_budget, start_call
 from .rendering import PromptTooLong
 from .request_limits import ClientGone, check_counts, check_message_count, read_body
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 class Dialect:
     """What differs between the wire formats; everything else is shared."""
 
-    parse: Callable[[dict[str, Any]], ChatRequest]
+    parse: Callable[[dict[str, Any], MessageParseCache], ChatRequest]  # (body, the session's)
     items_param: str  # the body's list of messages (input items), capped at max_messages
     writer: Callable[[str, ChatRequest, int], AnswerWriter]  # (model, request, prompt_tokens)
     error_body: Callable[[ProxyError], dict[str, Any]]
@@ -80,7 +81,8 @@ OPENAI_RESPONSES = Dialect(
 
 
 COUNT_TOKENS = Dialect(
-    parse=lambda body: anthropic_messages.parse_messages_request(body, require_max_tokens=False),
+    parse=lambda body, cache: anthropic_messages.parse_messages_request(
+        body, cache, require_max_tokens=False),
     items_param="messages",
     writer=ANTHROPIC_MESSAGES.writer,
     error_body=anthropic_messages.error_body,
@@ -192,15 +194,15 @@ class ProxyApp:
         raw = await read_body(request, self.settings.max_body_bytes)
 
         def work() -> tuple[ChatRequest, PromptPlan]:
-            chat = self._parse(raw, dialect)
+            chat = self._parse(raw, dialect, session)
             return chat, plan_prompt(session, self.engine, chat, self.settings)
 
         return await self._off_loop(work, len(raw))
 
-    def _parse(self, raw: bytes, dialect: Dialect) -> ChatRequest:
+    def _parse(self, raw: bytes, dialect: Dialect, session: ProxySession) -> ChatRequest:
         body = parse_json_body(raw)
         check_counts(body, dialect.items_param, self.settings)
-        chat = dialect.parse(body)
+        chat = dialect.parse(body, session.parsed_messages)
         check_message_count(chat, self.settings)
         return chat
 
@@ -253,7 +255,7 @@ class ProxyApp:
             budget = prompt_budget(self.engine)
 
             def count() -> int:
-                chat = self._parse(raw, COUNT_TOKENS)
+                chat = self._parse(raw, COUNT_TOKENS, session)
                 try:
                     return len(session.bridge.plan(chat, budget).prompt_ids)
                 except PromptTooLong as exc:

@@ -89,7 +89,15 @@ class Message:
         return out
 
     def semantic_key(self) -> bytes:
-        """16 bytes that are equal for two renderings of the same turn (see module docstring)."""
+        """16 bytes that are equal for two renderings of the same turn (see module docstring).
+        Computed once per message: a session's parsed messages are reused (`message_cache`)."""
+        key = self.__dict__.get("_semantic_key")
+        if key is None:
+            key = self._compute_semantic_key()
+            object.__setattr__(self, "_semantic_key", key)  # frozen: memoised, not a field
+        return key
+
+    def _compute_semantic_key(self) -> bytes:
         if self.role == "assistant":
             # Tool call ids are ours to issue and some CLIs rewrite them; text is compared
             # after trimming because empty turns come back as "", None or whitespace.

@@ -34,17 +34,22 @@ from .events import (
     ToolCallDone,
 )
 from .images import Part, from_data_url, parts_with_images, text_with_placeholders
+from .message_cache import NO_CACHE, MessageParseCache, NoCache
 from .tool_choice import openai_tool_choice
 from .wire import field, number_in
 
 # --- request -----------------------------------------------------------------------------
 
 
-def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+def parse_chat_request(
+    body: dict[str, Any], cache: MessageParseCache | NoCache = NO_CACHE
+) -> ChatRequest:
+    """`cache`: the session's parsed messages (only new ones are parsed; see `message_cache`)."""
     raw_messages = field(body, "messages", list, "messages", required=True)
     if not raw_messages:
         raise invalid("'messages' must contain at least one message.", "messages")
-    messages = tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(raw_messages))
+    messages = tuple(cache.parse(m, f"messages[{i}]", _parse_message)
+                     for i, m in enumerate(raw_messages))
     tools = tuple(
         _parse_tool(t, f"tools[{i}]")
         for i, t in enumerate(field(body, "tools", list, "tools", default=[]))

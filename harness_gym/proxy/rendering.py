@@ -14,10 +14,18 @@ Tokenizing is bounded by a token budget, not by the request's size: a 4 MB text 
 each end-of-turn token (an added token: the tokenizer splits there itself, so the ids are the
 same), and a request that is clearly over budget stops early with `PromptTooLong`. Long texts
 go through `encode_batch_fast`, which releases the GIL, so other sessions' calls keep running.
+
+Whole turns (pieces that end with that token) of a few KB or more are kept with their ids
+(`TurnIdsCache`, shared by the proxy's sessions): every episode of a CLI opens with the same
+system prompt and tool list (Claude Code's ~78 KB, ~12k tokens of the shared benchmark's 47 KB
+opening took 20-25 ms to tokenize), and a session that forks (compaction) renders its earlier
+turns again. A cached piece's ids are what encoding that exact text gave.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +39,8 @@ _SHORT_TEXT = 256  # chars: below this the plain `encode` is quicker than the ba
 _WINDOW = 128 * 1024  # chars: a longer piece is first counted window by window
 _COUNT_WINDOW = 32 * 1024  # chars counted at a time (how far past a limit counting may go)
 _WINDOW_SLACK = 8  # tokens a window boundary may add or remove versus the whole piece
+_CACHED_PIECE_CHARS = 2048  # a whole turn at least this long is kept with its ids
+_CACHED_TOKENS = 1 << 20  # ids kept in all (a few MB; the oldest turns go first)
 # Tokens by which a message's text counted alone, joined to the next by "\n", can exceed its
 # share of the rendered prompt (a newline, and merges into the template text at both edges).
 _MESSAGE_SLACK = 5
@@ -48,6 +58,41 @@ class PromptTooLong(Exception):
 class TemplateNotIncremental(RuntimeError):
     """The chat template renders earlier turns differently once later ones are added, so the
     new messages cannot be rendered on their own; the caller renders in full and forks."""
+
+
+class TurnIdsCache:
+    """Ids of whole rendered turns, by their text; bounded by the number of ids held, least
+    recently used out, thread-safe (prompts are built in worker threads)."""
+
+    def __init__(self, max_tokens: int = _CACHED_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self.hits = 0
+        self._items: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        with self._lock:
+            ids = self._items.get(text)
+            if ids is not None:
+                self._items.move_to_end(text)
+                self.hits += 1
+            return ids
+
+    def put(self, text: str, ids: Sequence[int]) -> None:
+        if len(ids) > self.max_tokens:
+            return
+        with self._lock:
+            if text in self._items:
+                return
+            self._items[text] = tuple(ids)
+            self.tokens += len(ids)
+            while self.tokens > self.max_tokens:
+                _, dropped = self._items.popitem(last=False)
+                self.tokens -= len(dropped)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class PromptRenderer:
@@ -69,20 +114,32 @@ class PromptRenderer:
         self.end_of_turn_text, self.turn_tail = self._find_turn_end()
         self.end_of_turn_ids = self.encode(self.end_of_turn_text)
         self._split_marker = self._pick_split_marker()
+        self.turn_ids = TurnIdsCache()
 
     def encode(self, text: str, budget: int | None = None) -> list[int]:
         """The ids of `text`; with a `budget`, `PromptTooLong` once they clearly exceed it
         (the work done before stopping is about `budget` tokens, whatever the text's size)."""
         # A token covers at least one UTF-8 byte, at most 4 per character.
-        if budget is None or 4 * len(text) <= budget:
+        fits = budget is None or 4 * len(text) <= budget
+        if fits and len(text) < 2 * _CACHED_PIECE_CHARS:
             return self._encode(text)
         ids: list[int] = []
+        marker = self._split_marker
         for piece in self._pieces(text):
-            left = budget - len(ids)
-            if len(piece) > _WINDOW and 4 * len(piece) > left:
-                self._count_windows(piece, left, len(ids))
-            ids.extend(self._encode(piece))
-            if len(ids) > budget:
+            whole_turn = marker is not None and len(piece) >= _CACHED_PIECE_CHARS \
+                and piece.endswith(marker)
+            cached = self.turn_ids.get(piece) if whole_turn else None
+            if cached is not None:
+                ids.extend(cached)
+            else:
+                left = budget - len(ids) if budget is not None else 0
+                if not fits and len(piece) > _WINDOW and 4 * len(piece) > left:
+                    self._count_windows(piece, left, len(ids))
+                piece_ids = self._encode(piece)
+                if whole_turn:
+                    self.turn_ids.put(piece, piece_ids)
+                ids.extend(piece_ids)
+            if budget is not None and len(ids) > budget:
                 raise PromptTooLong(len(ids))
         return ids
 

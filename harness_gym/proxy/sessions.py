@@ -20,6 +20,7 @@ from ..trace import SessionTrace
 from .bridge import PromptBridge
 from .canonical import SamplingRequest
 from .errors import ProxyError, invalid
+from .message_cache import MessageParseCache
 from .reasoning import ReasoningFormat, ReasoningSigner
 from .rendering import PromptRenderer
 
@@ -92,6 +93,7 @@ class ProxySession:
                                       self.session_id)
         self.bridge = PromptBridge(self.renderer, self.trace, self.signer,
                                    train_subagents=self.train_subagents)
+        self.parsed_messages = MessageParseCache()  # the history it resends, parsed once
         self.closed = False
         self.calls_in_flight = 0  # touched on the proxy's event loop only
         self.last_active = time.monotonic()
