@@ -15,7 +15,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from harness_gym import plugins
 from harness_gym.cli import build_parser, main
 from harness_gym.proxy import CallProgress, InterceptionProxy, ProxySettings
 from harness_gym.runs import CallMeter
@@ -118,8 +117,10 @@ def test_a_user_mistake_is_one_line_without_a_traceback(argv, message, tmp_path,
     assert all(s.startswith("loading engine ") for s in before)  # at most the status line
     assert line.startswith("harness-gym: error: ")
     assert line.endswith("(--debug shows the traceback)")
-    if "smollm" in argv and hasattr(plugins, "did_you_mean"):  # names are checked with hints
+    if "smollm" in argv:  # names are checked with hints
         assert "did you mean 'smollm2'?" in line
+    if "pii" in argv:
+        assert "did you mean 'pi'?" in line
 
 
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
