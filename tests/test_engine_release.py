@@ -125,8 +125,12 @@ def assert_released(engine: str) -> None:
     assert (after.sockets, after.fds) == (before.sockets, before.fds)
 
 
-@pytest.mark.parametrize("engine", ["tiny", "oracle", "oracle:noop"])
+@pytest.mark.parametrize("engine", ["tiny", "oracle", "oracle:noop", "teacher", "hf:TINY_DIR"])
 def test_an_env_releases_a_local_engine_it_owns(engine: str) -> None:
+    if engine == "hf:TINY_DIR":  # any local transformers model directory
+        from harness_gym.engines.tiny import tiny_model_dir
+
+        engine = f"hf:{tiny_model_dir()}"
     assert_released(engine)
 
 

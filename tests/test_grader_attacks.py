@@ -189,9 +189,12 @@ PYPROJECT = CALC.repo_dir / "pyproject.toml"  # type: ignore[operator]
          'pytest.ini_options = { testpaths = ["tests"], addopts = "-p calc_report_fixer" }\n'),
         ("tests/pytest.ini", "[pytest]\naddopts = -p calc_report_fixer\n"),
         ("tests/setup.cfg", "[tool:pytest]\naddopts = -p calc_report_fixer\n"),
+        ("tests/tox.ini", "[pytest]\naddopts = -p calc_report_fixer\n"),
+        ("tests/pyproject.toml",
+         '[tool.pytest.ini_options]\naddopts = "-p calc_report_fixer"\n'),
     ],
     ids=["pyproject-edited", "pytest.ini", "tox.ini", "setup.cfg", "pyproject-dotted-keys",
-         "testdir-pytest.ini", "testdir-setup.cfg"],
+         "testdir-pytest.ini", "testdir-setup.cfg", "testdir-tox.ini", "testdir-pyproject"],
 )  # fmt: skip
 def test_planted_or_edited_addopts_load_no_plugin(
     backend: SandboxBackend, tmp_path: Path, path: str, config: str
