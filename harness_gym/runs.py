@@ -10,6 +10,7 @@ model on a CPU takes minutes, and a bar that sits at 0% for them looks frozen.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections import Counter
@@ -101,6 +102,21 @@ class CallMeter:
         return f"{calls} call{'s' if calls != 1 else ''}, {tokens:,} tokens, {state}"
 
 
+def episode_task_ids(
+    task_ids: Sequence[str], suite: Sequence[str], episodes: int, seed: int
+) -> list[str]:
+    """The task of each episode: the named ones in turn, else the suite shuffled by `seed`, so a
+    run of N episodes visits N different tasks before any comes again.
+
+    >>> episode_task_ids([], ["a", "b", "c"], 5, seed=0)
+    ['b', 'c', 'a', 'b', 'c']
+    >>> episode_task_ids(["b"], ["a", "b", "c"], 2, seed=0)
+    ['b', 'b']
+    """
+    order = list(task_ids) or random.Random(seed).sample(list(suite), len(suite))
+    return [order[index % len(order)] for index in range(episodes)]
+
+
 def run_episodes(
     env: HarnessSWEEnv,
     *,
@@ -120,10 +136,10 @@ def run_episodes(
     if progress:
         settings.on_progress = CallMeter(lambda line: bar.set_postfix_str(line))
     try:
+        chosen = episode_task_ids(task_ids, [t.instance_id for t in env.tasks], episodes, seed)
         with path.open("w") as out:
-            for index in range(episodes):
-                options = {"task_id": task_ids[index % len(task_ids)]} if task_ids else None
-                env.reset(seed=seed + index, options=options)
+            for index, task_id in enumerate(chosen):
+                env.reset(seed=seed + index, options={"task_id": task_id})
                 _, reward, _, _, info = env.step(None)
                 record = {"episode": index, "reward": reward, **info}
                 out.write(json.dumps(record) + "\n")
