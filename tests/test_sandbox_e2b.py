@@ -7,6 +7,7 @@ set. The E2B cloud cannot run here: the fake stands in for it at the SDK boundar
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import threading
 import time
@@ -199,8 +200,28 @@ def test_exec_sends_env_cwd_and_timeout_to_the_sdk_and_maps_a_failure() -> None:
         assert name == "commands.run" and args["background"] is None
         assert (args["cwd"], args["timeout"]) == (f"{box.workdir}/sub", 7)
         assert args["envs"]["SPEC"] == "s" and args["envs"]["CALL"] == "c"
-        assert args["envs"]["HOME"] == box.home
-        assert "{ sh -c 'echo $CALL; exit 3' ; }" in args["cmd"]
+        # The SDK's login shell starts in a HOME that does not exist; the command puts ours back.
+        assert args["envs"]["HOME"].startswith("/nonexistent/")
+        assert args["cmd"].startswith(f"export HOME={box.home}; ")
+        inner = shlex.split(args["cmd"].split("exec /bin/bash --noprofile --norc -c ", 1)[1])[0]
+        assert "{ sh -c 'echo $CALL; exit 3' ; }" in inner
+        assert box.exec("echo $HOME").stdout == f"{box.home}\n"
+
+
+@pytest.mark.parametrize("name", [".bash_profile", ".bash_login", ".profile", ".bash_logout"])
+def test_a_login_file_the_agent_writes_never_runs_in_a_later_command(name: str,
+                                                                     tmp_path: Path) -> None:
+    # The SDK runs every command through `bash -l`: a profile the agent planted would run before
+    # the grader's commands (and a logout file after them), as the agent's user.
+    ran = tmp_path / "ran"
+    with fake_backend().create(SandboxSpec()) as box:
+        for home in (box.home, sdk_of(box).user_home):  # the episode's HOME, the VM user's
+            box.exec(f"echo 'echo {name} >> {ran}' > {home}/{name}")
+        assert box.exec("exit 0").exit_code == 0
+        assert box.exec("true", env={"HOME": sdk_of(box).user_home}).exit_code == 0
+        assert box.start("exit 0").wait(10).exit_code == 0
+        assert box.exec(f"cat {box.home}/{name}").stdout == f"echo {name} >> {ran}\n"
+    assert not ran.exists()
 
 
 def test_exec_without_a_timeout_asks_the_sdk_for_none_not_its_60_s_default() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shlex
 import threading
 import time
@@ -41,12 +42,25 @@ STREAM_RECONNECTS = 3  # a background command's stream may drop while its VM run
 DEADLINE_SLACK_S = 0.05  # the SDK's deadline starts a little after our clock does
 
 
-def _with_path(script: str, env: Mapping[str, str]) -> str:
-    """The SDK runs `bash -l -c`: /etc/profile resets PATH, so a PATH the caller set is put
-    back inside the script."""
-    if "PATH" in env:
-        return f"export PATH={shlex.quote(env['PATH'])}; {script}"
-    return script
+def _shell_command(script: str, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """The command and envs to hand the SDK, which runs `bash -l -c COMMAND`.
+
+    A login shell sources the first of ~/.bash_profile, ~/.bash_login and ~/.profile when it
+    starts and ~/.bash_logout when it `exit`s, and the agent can write all of them: a profile it
+    planted would run before every later command, the grader's among them (and could wait for
+    the grader's keys to appear, then forge its report). So the login shell gets a HOME that does
+    not exist (a fresh name each time) and at once `exec`s a plain `bash --noprofile --norc` with
+    the caller's HOME and PATH (/etc/profile resets PATH) put back: no file the agent wrote is
+    read, and the login shell never reaches its logout."""
+    envs = dict(env)
+    home = envs.get("HOME")
+    envs["HOME"] = f"/nonexistent/harness-gym-{secrets.token_hex(8)}"
+    restore = [f"export HOME={shlex.quote(home)}" if home is not None else
+               'export HOME="$(getent passwd "$(id -u)" | cut -d: -f6)"']
+    if "PATH" in envs:
+        restore.append(f"export PATH={shlex.quote(envs['PATH'])}")
+    command = "; ".join(restore) + f"; exec /bin/bash --noprofile --norc -c {shlex.quote(script)}"
+    return command, envs
 
 
 class E2BJob(RemoteJob):
@@ -153,10 +167,11 @@ class E2BSandbox(RemoteShellSandbox):
         )
 
         started = time.monotonic()
+        command, envs = _shell_command(script, env)
         try:
             result = self.sdk.commands.run(
-                _with_path(script, env),
-                envs=dict(env),
+                command,
+                envs=envs,
                 cwd=cwd,
                 timeout=timeout or 0,  # the SDK's default is 60 s; 0 means no limit
             )
@@ -176,9 +191,8 @@ class E2BSandbox(RemoteShellSandbox):
     def _start_job(
         self, script: str, env: Mapping[str, str], cwd: str, job_id: str, out: str
     ) -> E2BJob:
-        handle = self.sdk.commands.run(
-            _with_path(script, env), background=True, envs=dict(env), cwd=cwd, timeout=0
-        )
+        command, envs = _shell_command(script, env)
+        handle = self.sdk.commands.run(command, background=True, envs=envs, cwd=cwd, timeout=0)
         return E2BJob(self, handle, job_id, out)
 
     def _get(self, path: str) -> bytes:
