@@ -16,7 +16,7 @@ from harness_gym.proxy.anthropic_messages import parse_messages_request
 from harness_gym.proxy.errors import ProxyError
 from harness_gym.proxy.message_cache import MessageParseCache
 from harness_gym.proxy.openai_chat import parse_chat_request
-from harness_gym.proxy.rendering import PromptRenderer, TurnIdsCache
+from harness_gym.proxy.rendering import PromptRenderer, turn_ids_cache
 
 SYSTEM = "You are a coding agent. Read before you edit.\n" * 120  # 5.5 KB: a cached turn
 
@@ -148,9 +148,9 @@ def test_a_new_session_of_the_same_cli_reuses_the_ids_of_its_opening(tokenizer):
 
 
 def test_the_turn_cache_holds_at_most_its_token_budget():
-    cache = TurnIdsCache(max_tokens=10)
-    cache.put("a", [1] * 6)
-    cache.put("b", [2] * 6)  # 12 > 10: "a" goes
-    assert cache.get("a") is None and cache.get("b") == (2,) * 6 and cache.tokens == 6
-    cache.put("c", [3] * 11)  # larger than the whole budget: never kept
+    cache = turn_ids_cache(max_tokens=10)
+    cache.put("a", (1,) * 6)
+    cache.put("b", (2,) * 6)  # 12 > 10: "a" goes
+    assert cache.get("a") is None and cache.get("b") == (2,) * 6 and cache.weight == 6
+    cache.put("c", (3,) * 11)  # larger than the whole budget: never kept
     assert cache.get("c") is None

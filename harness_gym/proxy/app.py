@@ -72,7 +72,9 @@ ANTHROPIC_MESSAGES = Dialect(
     error_status=anthropic_messages.error_status,
 )
 OPENAI_RESPONSES = Dialect(
-    parse=openai_responses.parse_responses_request,
+    # No session cache: an input item's meaning depends on the items before it (reasoning
+    # waits for its assistant turn), so items are not parsed one by one.
+    parse=lambda body, _cache: openai_responses.parse_responses_request(body),
     items_param="input",
     writer=lambda model, chat, _: openai_responses.ResponseWriter(model, chat),
     error_body=openai_chat.error_body,

@@ -11,12 +11,12 @@ stored: its error is raised again, with the index of where it now sits.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
+
+from .lru import BoundedLRU
 
 T = TypeVar("T")
 
@@ -27,33 +27,31 @@ class MessageParseCache:
     """Bounded (least recently used out) and thread-safe: requests are parsed in worker threads."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        self.max_entries = max_entries
         # Keyed by the parser too: a session's clients may speak several dialects.
-        self._items: OrderedDict[tuple[Callable[..., Any], bytes], Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self._parsed: BoundedLRU[Any] = BoundedLRU(max_entries)
+
+    @property
+    def hits(self) -> int:
+        return self._parsed.hits
+
+    @property
+    def misses(self) -> int:
+        return self._parsed.misses
 
     def parse(self, raw: Any, param: str, parse: Callable[[Any, str], T]) -> T:
         """`parse(raw, param)`, or what it gave for the same JSON before."""
         if not isinstance(raw, dict):
             return parse(raw, param)  # the dialect's own error for a non-object
         key = (parse, orjson.dumps(raw))
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return found
+        found = self._parsed.get(key)
+        if found is not None:
+            return found
         parsed = parse(raw, param)
-        with self._lock:
-            self.misses += 1
-            self._items[key] = parsed
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+        self._parsed.put(key, parsed)
         return parsed
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._parsed)
 
 
 class NoCache:

@@ -28,7 +28,6 @@ from .events import (
     ToolCallDone,
 )
 from .images import ImagePart, Part, from_data_url, parts_with_images, text_with_placeholders
-from .message_cache import NO_CACHE, MessageParseCache, NoCache
 from .openai_chat import error_body
 from .tool_choice import ToolChoice, openai_tool_choice
 from .wire import field, number_in
@@ -38,11 +37,7 @@ from .wire import field, number_in
 _SYSTEM_ROLES = ("system", "developer")
 
 
-def parse_responses_request(
-    body: dict[str, Any], cache: MessageParseCache | NoCache = NO_CACHE
-) -> ChatRequest:
-    """`cache` is taken for the dialect record's sake and not used: an input item's meaning
-    depends on the items before it (reasoning waits for its assistant turn)."""
+def parse_responses_request(body: dict[str, Any]) -> ChatRequest:
     if body.get("previous_response_id") is not None:
         raise invalid("previous_response_id is not supported: this proxy stores no responses, "
                       "send the whole conversation in 'input' (store: false).",

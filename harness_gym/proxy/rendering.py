@@ -16,7 +16,7 @@ same), and a request that is clearly over budget stops early with `PromptTooLong
 go through `encode_batch_fast`, which releases the GIL, so other sessions' calls keep running.
 
 Whole turns (pieces that end with that token) of a few KB or more are kept with their ids
-(`TurnIdsCache`, shared by the proxy's sessions): every episode of a CLI opens with the same
+(`turn_ids_cache`, shared by the proxy's sessions): every episode of a CLI opens with the same
 system prompt and tool list (Claude Code's ~78 KB, ~12k tokens of the shared benchmark's 47 KB
 opening took 20-25 ms to tokenize), and a session that forks (compaction) renders its earlier
 turns again. A cached piece's ids are what encoding that exact text gave.
@@ -24,14 +24,13 @@ turns again. A cached piece's ids are what encoding that exact text gave.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from .canonical import Message, ToolSpec
+from .lru import BoundedLRU
 from .reasoning import without_reasoning
 
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
@@ -60,39 +59,9 @@ class TemplateNotIncremental(RuntimeError):
     new messages cannot be rendered on their own; the caller renders in full and forks."""
 
 
-class TurnIdsCache:
-    """Ids of whole rendered turns, by their text; bounded by the number of ids held, least
-    recently used out, thread-safe (prompts are built in worker threads)."""
-
-    def __init__(self, max_tokens: int = _CACHED_TOKENS) -> None:
-        self.max_tokens = max_tokens
-        self.tokens = 0
-        self.hits = 0
-        self._items: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, text: str) -> tuple[int, ...] | None:
-        with self._lock:
-            ids = self._items.get(text)
-            if ids is not None:
-                self._items.move_to_end(text)
-                self.hits += 1
-            return ids
-
-    def put(self, text: str, ids: Sequence[int]) -> None:
-        if len(ids) > self.max_tokens:
-            return
-        with self._lock:
-            if text in self._items:
-                return
-            self._items[text] = tuple(ids)
-            self.tokens += len(ids)
-            while self.tokens > self.max_tokens:
-                _, dropped = self._items.popitem(last=False)
-                self.tokens -= len(dropped)
-
-    def __len__(self) -> int:
-        return len(self._items)
+def turn_ids_cache(max_tokens: int = _CACHED_TOKENS) -> BoundedLRU[tuple[int, ...]]:
+    """Ids of whole rendered turns, by their text, bounded by the number of ids held."""
+    return BoundedLRU(max_tokens, weight=len)
 
 
 class PromptRenderer:
@@ -114,7 +83,7 @@ class PromptRenderer:
         self.end_of_turn_text, self.turn_tail = self._find_turn_end()
         self.end_of_turn_ids = self.encode(self.end_of_turn_text)
         self._split_marker = self._pick_split_marker()
-        self.turn_ids = TurnIdsCache()
+        self.turn_ids = turn_ids_cache()
 
     def encode(self, text: str, budget: int | None = None) -> list[int]:
         """The ids of `text`; with a `budget`, `PromptTooLong` once they clearly exceed it
@@ -132,12 +101,11 @@ class PromptRenderer:
             if cached is not None:
                 ids.extend(cached)
             else:
-                left = budget - len(ids) if budget is not None else 0
-                if not fits and len(piece) > _WINDOW and 4 * len(piece) > left:
-                    self._count_windows(piece, left, len(ids))
+                if not fits and len(piece) > _WINDOW and 4 * len(piece) > budget - len(ids):
+                    self._count_windows(piece, budget - len(ids), len(ids))
                 piece_ids = self._encode(piece)
                 if whole_turn:
-                    self.turn_ids.put(piece, piece_ids)
+                    self.turn_ids.put(piece, tuple(piece_ids))
                 ids.extend(piece_ids)
             if budget is not None and len(ids) > budget:
                 raise PromptTooLong(len(ids))
