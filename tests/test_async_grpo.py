@@ -3,15 +3,14 @@
 The CPU path is `AsyncGRPOLoop` driving our `HarnessRolloutWorker` and `EngineWeightTransfer`
 through TRL 1.16's two protocols, because `AsyncGRPOTrainer` itself cannot run here (the first
 test pins where). The slow tests run the tiny model on real Pi episodes; the others use the tiny
-engine directly (real generations, real weights) and, for vLLM, the wire-protocol fake
-`support/vllm_wire_server.py` driven by TRL's own client (no NCCL transfer can run here).
+engine directly (real generations, real weights). How the weights reach the engine (in process,
+and vLLM at the wire) is `test_weight_transfer.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import inspect
 import itertools
 import json
@@ -19,19 +18,16 @@ import math
 import os
 import queue
 import shutil
-import threading
 import time
 from typing import Any
 
-import numpy as np
-import openai
 import pytest
 import torch
 
 pytest.importorskip("trl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from support.vllm_wire_server import VLLMWireServer
+from support.weights import weights_digest
 from transformers import AutoModelForCausalLM
 from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_grpo_trainer import (
@@ -43,8 +39,6 @@ from trl.experimental.async_grpo.packing import TreeRow
 from harness_gym.engines import SamplingParams, load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir
-from harness_gym.engines.vllm import VLLMEngine
-from harness_gym.engines.weight_updates import WeightUpdateError
 from harness_gym.episode import EpisodeResult
 from harness_gym.integrations.async_grpo import (
     HarnessRolloutWorker,
@@ -53,7 +47,6 @@ from harness_gym.integrations.async_grpo import (
 )
 from harness_gym.integrations.async_loop import AsyncGRPOLoop, grpo_token_loss
 from harness_gym.integrations.weight_transfer import EngineWeightTransfer, VLLMWeightTransfer
-from harness_gym.proxy import InterceptionProxy
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +76,6 @@ def generated_segment(engine, text: str, version: int, max_tokens: int = 8) -> d
     return {"role": "agent", "prompt_ids": list(prompt), "response_ids": out.token_ids,
             "loss_mask": [1] * len(out.token_ids), "response_logprobs": out.logprobs,
             "policy_version": version, "policy_versions": [version]}
-
-
-def weights_digest(model: Any) -> str:
-    digest = hashlib.sha256()
-    for _, tensor in sorted(model.state_dict().items()):
-        digest.update(tensor.detach().numpy().tobytes())
-    return digest.hexdigest()
 
 
 # --- why a loop of our own ----------------------------------------------------------------
@@ -182,109 +168,6 @@ def test_only_agent_segments_with_sampled_tokens_are_trained_unless_auxiliary_is
         auxiliary["prompt_ids"] + auxiliary["response_ids"]]
 
 
-# --- weights into the in-process engine ---------------------------------------------------
-
-
-def test_a_call_running_at_pause_ends_on_the_old_weights_and_a_waiting_one_starts_on_the_new():
-    engine, reference = load_engine("tiny"), load_engine("tiny")  # reference keeps the old weights
-    try:
-        transfer = EngineWeightTransfer(engine, drain_timeout_s=120)
-        prompt = engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)
-        new = [(name, p.detach() + 0.05 * torch.randn_like(p))
-               for name, p in engine.model.named_parameters()]
-        results: dict[str, Any] = {}
-
-        def call(key: str, max_tokens: int) -> None:
-            async def run() -> None:
-                stream = engine.stream(prompt, SamplingParams(max_tokens=max_tokens, seed=1))
-                chunks = [chunk async for chunk in stream]
-                results[key] = (stream.policy_version, [t for c in chunks for t in c.token_ids],
-                                [x for c in chunks for x in c.logprobs])
-            asyncio.run(run())
-
-        running = threading.Thread(target=call, args=("running", 96))
-        running.start()
-        deadline = time.monotonic() + 60
-        while engine.tokens_generated == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        transfer.pause()  # returns once the running generation has ended on the engine
-        assert engine.active_requests == 0
-        running.join(60)  # its consumer may still be reading the chunks already delivered
-        assert "running" in results
-        waiting = threading.Thread(target=call, args=("waiting", 8))
-        waiting.start()
-        time.sleep(0.5)
-        assert "waiting" not in results and engine.active_requests == 1  # held back
-        transfer.send_weights(iter(new))
-        transfer.resume()
-        waiting.join(60)
-        old_version, old_tokens, old_logprobs = results["running"]
-        new_version, new_tokens, new_logprobs = results["waiting"]
-        assert (old_version, new_version) == (None, 1)  # never-loaded weights carry no version
-        assert len(old_tokens) == 96
-        # Every token of the running call is scored by the OLD weights, those after by the new.
-        assert np.allclose(old_logprobs, reference.score(prompt, old_tokens), atol=1e-4)
-        assert np.allclose(new_logprobs, engine.score(prompt, new_tokens), atol=1e-4)
-        assert not np.allclose(new_logprobs, reference.score(prompt, new_tokens), atol=1e-3)
-    finally:
-        engine.close()
-        reference.close()
-
-
-def test_each_call_of_a_session_records_the_version_that_served_it(tmp_path):
-    engine = load_engine("tiny")
-    transfer = EngineWeightTransfer(engine)
-    try:
-        with InterceptionProxy(engine) as proxy:
-            session = proxy.open_session(sampling={"max_tokens": 4})  # no version of its own
-            client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
-                                   max_retries=0)
-            messages = [{"role": "user", "content": "first"}]
-            for turn in range(3):
-                answer = client.chat.completions.create(model="tiny", messages=messages)
-                messages += [{"role": "assistant", "content": answer.choices[0].message.content},
-                             {"role": "user", "content": f"turn {turn}"}]
-                transfer.pause()  # a weight sync between two calls of one episode
-                transfer.send_weights(iter(engine.model.named_parameters()))
-                transfer.resume()
-            trace = session.trace.snapshot()
-        (segment,) = trace.to_dicts()  # the episode went on across the updates: one segment
-        assert segment["policy_versions"] == [0, 1, 2] and segment["policy_version"] == 0
-        info = EpisodeResult("t", "none", "failed", 0.0, {}, trace=trace).info()
-        assert (info["policy_version_min"], info["policy_version_max"]) == (0, 2)
-    finally:
-        engine.close()
-
-
-def test_weights_with_an_unknown_name_or_shape_are_refused_whole(tiny):
-    before = weights_digest(tiny.model)
-    params = dict(tiny.model.named_parameters())
-    name = next(iter(params))
-    transfer = EngineWeightTransfer(tiny)
-    transfer.pause()
-    try:
-        ok = [(name, params[name].detach() + 1.0)]
-        with pytest.raises(WeightUpdateError, match="no parameter 'lm_head.bogus'"):
-            transfer.send_weights(iter(ok + [("lm_head.bogus", torch.zeros(3))]))
-        with pytest.raises(WeightUpdateError, match="shape"):
-            transfer.send_weights(iter(ok + [(name, torch.zeros(1, 2, 3))]))
-    finally:
-        transfer.resume()
-    assert weights_digest(tiny.model) == before  # nothing copied from a refused stream
-    with pytest.raises(WeightUpdateError, match="pause"):  # between calls only
-        request = threading.Thread(target=lambda: asyncio.run(tiny.generate(
-            [1, 2, 3], SamplingParams(max_tokens=200, seed=0))))
-        request.start()
-        while tiny.active_requests == 0:
-            time.sleep(0.01)
-        try:
-            tiny.load_weights(iter(ok), version=9)
-        finally:
-            request.join(60)
-
-
 # --- staleness ----------------------------------------------------------------------------
 
 
@@ -354,69 +237,6 @@ def test_importance_weights_keep_the_gradient_where_ppo_clipping_zeroes_it():
         grads.append(float(logps.grad))
     assert grads[0] == 0.0  # clipped: a stale sample would teach nothing
     assert grads[1] == pytest.approx(-2.0)  # weighted by min(3, C=2)
-
-
-# --- vLLM at the wire ---------------------------------------------------------------------
-
-
-class TRLWireTransfer:
-    """The HTTP calls of TRL 1.16's `WeightTransferClient` (`pause`, `send_weights`: start,
-    update, finish with no body; `resume`), made by TRL's own `VLLMClient`. The NCCL stream of
-    the tensors cannot run here, so `/update_weights` carries the manifest and nothing follows."""
-
-    def __init__(self, url: str) -> None:
-        from trl.experimental.async_grpo.vllm_client import VLLMClient
-
-        self.client = VLLMClient(url)
-
-    def init_weight_transfer(self) -> None:
-        self.client.wait_for_server_ready()
-
-    def pause(self) -> None:
-        self.client.pause()
-
-    def send_weights(self, iterator) -> None:
-        tensors = list(iterator)
-        self.client.start_weight_update()
-        self.client.update_weights({
-            "names": [n for n, _ in tensors],
-            "dtype_names": [str(t.dtype).split(".")[-1] for _, t in tensors],
-            "shapes": [list(t.shape) for _, t in tensors]})
-        self.client.finish_weight_update()
-
-    def resume(self) -> None:
-        self.client.resume()
-
-    def destroy(self) -> None: ...
-
-
-def test_a_vllm_weight_transfer_labels_the_servers_weights_before_resume(tiny):
-    with VLLMWireServer(tiny, logprobs_mode="processed_logprobs", dev_mode=True) as server:
-        engine = VLLMEngine([server.url], tokenizer="tiny")
-        transfer = VLLMWeightTransfer(engine, TRLWireTransfer(server.url))
-        try:
-            transfer.init_weight_transfer()
-            for _ in range(2):  # AsyncGRPOTrainer._sync_weight_merged's order
-                transfer.pause()
-                transfer.send_weights(iter([("w", torch.zeros(2, 3))]))
-                transfer.resume()
-            with InterceptionProxy(engine) as proxy:
-                session = proxy.open_session(sampling={"max_tokens": 4})
-                openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
-                              max_retries=0).chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}])
-                segment = session.trace_json()["segments"][0]
-        finally:
-            engine.close()
-    paths = [(path, body) for path, body in server.control if path != "/get_world_size"]
-    one_sync = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update",
-                "/update_weight_version", "/resume"]
-    assert [p for p, _ in paths] == one_sync * 2
-    assert paths[3] == ("/finish_weight_update", None)  # TRL's finish labels nothing
-    assert [b for p, b in paths if p == "/update_weight_version"] == [
-        {"new_version": "1"}, {"new_version": "2"}]
-    assert segment["policy_versions"] == [2]  # the server's label, on the call
-    assert server.calls[-1].weight_versions[0]["version"] == "2"
 
 
 # --- the whole thing on real Pi episodes --------------------------------------------------

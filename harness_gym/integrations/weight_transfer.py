@@ -13,7 +13,7 @@ afterwards record the new version, calls that ran before it the old one.
   policy takes the tensors between calls, never mid-generation (`engines/weight_updates.py`).
 - `VLLMWeightTransfer` (GPU): TRL's own NCCL `WeightTransferClient` moves the tensors into the
   `vllm:` engine's server; this adds the label vLLM needs (TRL's `/finish_weight_update` sends
-  none; docs/design.md, "vLLM 0.33 as read"). Not runnable here: tests/test_async_grpo.py drives
+  none; docs/design.md, "vLLM 0.33 as read"). Not runnable here: tests/test_weight_transfer.py drives
   it at the wire against `tests/support/vllm_wire_server.py`, without the tensors.
 """
 
