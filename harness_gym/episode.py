@@ -39,6 +39,7 @@ from .sandbox import default_sandbox, load_sandbox
 from .sandbox.base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 from .tasks.grader import GradeResult, capture_patch, grade
 from .tasks.loader import materialize
+from .tasks.mine.envs import env_mounts
 from .tasks.task import Task
 from .trace import SessionTrace
 
@@ -175,7 +176,8 @@ class EpisodeRunner:
         in), or a dataset row's image, whose checkout is used where it lies (`repo_path` in the
         row, SWE-bench's `/testbed` by default). Raises `SandboxError` for a row this backend
         cannot run."""
-        mounts = self.harness.sandbox_mounts()
+        # A mined task's Python env (its package's dependencies), read-only, beside the CLI's.
+        mounts = {**self.harness.sandbox_mounts(), **env_mounts(task)}
         if task.repo_dir is not None:
             return SandboxSpec(repo=self.repo_for(task), image=task.image_name,
                                label=task.instance_id, ro_mounts=mounts)

@@ -22,6 +22,7 @@ from ..sandbox.base import SandboxBackend, SandboxSpec
 from .grader import P2P_OK, GradeResult, PatchApplyError, apply_patch, grade
 from .loader import materialize
 from .log_parsers import TestStatus
+from .mine.envs import env_mounts
 from .task import Task
 
 __all__ = ["MISSING", "TaskValidation", "validate_task"]
@@ -96,7 +97,8 @@ def _grade_once(
 ) -> GradeResult:
     """A fresh sandbox at the base commit, `patch` applied (raises `PatchApplyError`), graded."""
     with tempfile.TemporaryDirectory(prefix="harness-gym-validate-") as scratch:
-        spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate")
+        spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate",
+                           ro_mounts=env_mounts(task))
         if task.repo_dir is not None:
             spec.repo = Path(scratch) / "repo"
             materialize(task, spec.repo)

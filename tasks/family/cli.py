@@ -9,7 +9,7 @@ from pathlib import Path
 
 def add_tasks_command(commands: argparse._SubParsersAction) -> None:
     """Add the `tasks` command (with `generate` and `validate`) to a parser's subcommands."""
-    tasks = commands.add_parser("tasks", help="generate and validate the task family")
+    tasks = commands.add_parser("tasks", help="generate and validate the task family; mine tasks from real code")
     _add_actions(tasks)
 
 
@@ -33,6 +33,10 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
     validate.add_argument("--sandbox", default="local")
     validate.add_argument("--runs", type=int, default=1, help="gold-patch runs per task")
     validate.set_defaults(handler=_validate)
+
+    from ..mine.cli import add_make_action
+
+    add_make_action(actions)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -1,0 +1,38 @@
+"""`harness-gym tasks make`: the mining command (added to the `tasks` command's actions)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_make_action(actions: argparse._SubParsersAction) -> None:
+    make = actions.add_parser(
+        "make", help="mine validated tasks from a PyPI package (bug injection) or a git history")
+    source = make.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pypi", metavar="NAME==VERSION",
+                        help="inject bugs into this sdist's functions, kept when its tests see them")
+    source.add_argument("--git", metavar="PATH",
+                        help="commits of this repository whose new tests fail before and pass after")
+    make.add_argument("--since", metavar="REV", help="with --git: only commits after REV")
+    make.add_argument("--n", type=int, required=True, help="tasks to keep")
+    make.add_argument("--out", required=True, help="task directory (re-run to resume)")
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--sandbox", default=None, help="backend the tasks will run on (default: "
+                      "bwrap where it works)")
+    make.add_argument("--test-timeout", type=float, default=300.0)
+    make.add_argument("--quiet", action="store_true", help="no progress bar")
+    make.set_defaults(handler=_make)
+
+
+def _make(args: argparse.Namespace) -> int:
+    from . import make_tasks
+
+    summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
+                         git=Path(args.git) if args.git else None, since=args.since,
+                         seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
+                         timeout_s=args.test_timeout)  # fmt: skip
+    print(summary.describe())
+    for task_id, problems in sorted(summary.problems.items()):
+        print(f"  invalid {task_id}: {'; '.join(problems)[:300]}")
+    return 0 if summary.kept else 1

@@ -1,0 +1,139 @@
+"""Tasks from a repository's own history, by SWE-bench's rule.
+
+`HistorySource` walks the first-parent, non-merge commits of `PATH` (after `--since REV` when
+given). A commit is a candidate when it changes both test files and library source. Its parent
+tree with the commit's test files is run (`before`), then the commit's tree (`after`): tests
+that pass after and did not pass before are FAIL_TO_PASS (a new test that did not exist counts:
+it could not pass), tests that pass in both are PASS_TO_PASS. A commit whose tests fail on
+neither side (a refactor with tests that always passed) is rejected. The repository is the
+parent tree, the gold patch the commit's non-test diff, the test patch its test diff; the
+statement is the commit message and how the new tests fail.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..loader import GIT_ISOLATION
+from ..test_scope import is_test_file
+from .candidate import Candidate, changed_lines, difficulty, symptom_statement
+from .project import scan_project
+from .runs import SuiteRunner, failure_excerpt
+
+__all__ = ["Commit", "GitError", "HistorySource", "git"]
+
+
+class GitError(ValueError):
+    """The path is not a git repository, or a git command failed."""
+
+
+def git(repo: Path, *args: str, binary: bool = False) -> Any:
+    try:
+        done = subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=repo,
+                              env={**os.environ, **GIT_ISOLATION}, capture_output=True,
+                              check=True)  # fmt: skip
+    except FileNotFoundError:
+        raise GitError("git is not installed") from None
+    except subprocess.CalledProcessError as error:
+        raise GitError(f"git {' '.join(args)} failed in {repo}: "
+                       f"{error.stderr.decode(errors='replace').strip()}") from None  # fmt: skip
+    return done.stdout if binary else done.stdout.decode(errors="replace")
+
+
+def is_test_path(path: str) -> bool:
+    parts = path.split("/")
+    return is_test_file(parts[-1]) or any(p in ("tests", "test", "testing") for p in parts[:-1])
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    parent: str
+    message: str
+    tests: list[str]
+    sources: list[str]
+
+
+class HistorySource:
+    unit = "file"
+
+    def __init__(self, repo: Path, runner_for: Any, *, since: str | None, label: str,
+                 scratch: Path) -> None:  # fmt: skip
+        self.path = Path(repo)
+        if not (self.path / ".git").exists():
+            raise GitError(f"{self.path} is not a git repository (no .git)")
+        self.label, self.scratch, self.runner_for = label, scratch, runner_for
+        span = f"{since}..HEAD" if since else "HEAD"
+        shas = git(self.path, "rev-list", "--reverse", "--first-parent", "--no-merges",
+                   span).split()  # fmt: skip
+        self.rejected_upfront: list[str] = []
+        self._items: list[Commit] = []
+        for sha in shas:
+            parents = git(self.path, "rev-list", "--parents", "-n1", sha).split()[1:]
+            if len(parents) != 1:
+                continue  # the root commit has nothing before it
+            changed = git(self.path, "diff", "--name-only", "--no-renames", parents[0], sha).split("\n")
+            changed = [p for p in changed if p]
+            tests = [p for p in changed if is_test_path(p)]
+            sources = [p for p in changed if p.endswith(".py") and not is_test_path(p)]
+            if not tests or not sources:
+                self.rejected_upfront.append("no_tests" if not tests else "no_source")
+                continue
+            message = git(self.path, "log", "-1", "--format=%B", sha).strip()
+            self._items.append(Commit(sha, parents[0], message, tests, sources))
+
+    def items(self) -> list[Commit]:
+        return self._items
+
+    def units(self, commit: Commit) -> list[str]:
+        return list(commit.sources)
+
+    def instance_id(self, commit: Commit) -> str:
+        return f"{self.label}__{commit.sha[:12]}"
+
+    def _tree(self, sha: str) -> Path:
+        folder = self.scratch / sha
+        if not folder.is_dir():
+            tmp = Path(tempfile.mkdtemp(dir=self.scratch))
+            archive = git(self.path, "archive", "--format=tar", sha, binary=True)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(tmp, filter="data")
+            tmp.rename(folder)
+        return folder
+
+    def evaluate(self, commit: Commit) -> Candidate | str:
+        parent, after = self._tree(commit.parent), self._tree(commit.sha)
+        project = scan_project(after, self.label)
+        runner: SuiteRunner = self.runner_for(project)
+        test_files = {p: ((after / p).read_text() if (after / p).is_file() else None)
+                      for p in commit.tests}  # fmt: skip
+        before_run = runner.run(parent, test_files)
+        after_run = runner.run(after)
+        if before_run.timed_out or after_run.timed_out:
+            return "timeout"
+        fixed = sorted(after_run.passed() - before_run.passed())
+        if not fixed:
+            return "no_fail_to_pass"  # the new tests pass without the change too
+        kept = sorted(after_run.passed() & before_run.passed())
+        patch = git(self.path, "diff", "--no-color", "--no-ext-diff", "--full-index", "--binary",
+                    commit.parent, commit.sha, "--", ".",
+                    *[f":(exclude){p}" for p in commit.tests])  # fmt: skip
+        test_patch = git(self.path, "diff", "--no-color", "--no-ext-diff", "--full-index",
+                         "--binary", commit.parent, commit.sha, "--", *commit.tests)  # fmt: skip
+        hide = tuple(line for line in changed_lines(patch) if len(line) >= 4)
+        excerpt = failure_excerpt(before_run.output, fixed[0], hide=hide)
+        statement = symptom_statement(commit.message, fixed, excerpt, len(kept), fixed[0])
+        kind = "commit"
+        meta = {"source": "history", "kind": kind, "commit": commit.sha,
+                "files": list(commit.sources), "functions": [],
+                "difficulty": difficulty(len(fixed), patch, kind)}  # fmt: skip
+        install_config = runner.install_config
+        return Candidate(self.instance_id(commit), self.label, parent, {}, patch, test_patch,
+                         fixed, kept, statement, install_config, meta)  # fmt: skip
