@@ -83,7 +83,7 @@ def symptom_statement(
 ) -> str:
     """A bug report from the outside: which tests fail and how, never where or why."""
     shown = failing[:10]
-    more = f"\n  ... and {len(failing) - len(shown)} more" if len(failing) > len(shown) else ""
+    more = f"  ... and {len(failing) - len(shown)} more\n" if len(failing) > len(shown) else ""
     text = (
         f"{subject}\n\n{len(failing)} test(s) fail:\n\n"
         + "".join(f"  - {test}\n" for test in shown) + more

@@ -88,27 +88,28 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.As
     yield from visit(tree, "")  # type: ignore[misc]
 
 
-def _own_nodes(function: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None]]:
-    """(node, parent) in the function's body, not in nested functions, classes, f-strings or
-    the docstring."""
+def _own_nodes(function: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
+    """(node, parent, inside an index: a subscript, a slice or a `range()` call's arguments)
+    in the function's body, not in nested functions, classes, f-strings or the docstring."""
     body = list(function.body)  # type: ignore[attr-defined]
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]
-    stack: list[tuple[ast.AST, ast.AST | None]] = [(node, function) for node in reversed(body)]
+    stack = [(node, function, False) for node in reversed(body)]
     while stack:
-        node, parent = stack.pop()
+        node, parent, in_index = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
                              ast.JoinedStr)):  # fmt: skip
             continue
-        yield node, parent
-        stack += [(child, node) for child in reversed(list(ast.iter_child_nodes(node)))]
+        yield node, parent, in_index
+        inner = in_index or _indexes(node)
+        stack += [(child, node, inner) for child in reversed(list(ast.iter_child_nodes(node)))]
 
 
 Edit = Callable[[], str | None]
 
 
 def _edits(function: ast.AST, lines: list[str]) -> Iterator[tuple[str, int, Edit]]:
-    for node, parent in _own_nodes(function):
+    for node, parent, in_index in _own_nodes(function):
         at = getattr(node, "lineno", None)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             yield "operator", at, _expr(lines, node, _with(node, op=_BINOPS[type(node.op)]()), parent)
@@ -123,7 +124,7 @@ def _edits(function: ast.AST, lines: list[str]) -> Iterator[tuple[str, int, Edit
         elif isinstance(node, ast.Constant) and type(node.value) is bool:
             yield "constant", at, _expr(lines, node, ast.Constant(not node.value))
         elif isinstance(node, ast.Constant) and type(node.value) is int:
-            if _indexes(parent):
+            if in_index:
                 for step in (1, -1):
                     if node.value + step >= 0:
                         new = ast.Constant(node.value + step)
@@ -154,11 +155,11 @@ def _with(node: ast.AST, **changes: object) -> ast.AST:
     return new
 
 
-def _indexes(parent: ast.AST | None) -> bool:
-    if isinstance(parent, (ast.Subscript, ast.Slice)):
+def _indexes(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Subscript, ast.Slice)):
         return True
-    return (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
-            and parent.func.id == "range")  # fmt: skip
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "range")  # fmt: skip
 
 
 def _block_of(parent: ast.AST, node: ast.stmt) -> list[ast.stmt] | None:

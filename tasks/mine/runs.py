@@ -27,7 +27,7 @@ from .project import IGNORED_DIRS, tree_digest
 __all__ = ["RUNS_DIR", "SuiteRun", "SuiteRunner", "failure_excerpt"]
 
 RUNS_DIR = "mine-runs"
-OUTPUT_CHARS = 20_000
+HEAD_CHARS, TAIL_CHARS = 60_000, 10_000  # failures print first, the -rA summary last
 RUN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONNOUSERSITE": "1", "PYTEST_ADDOPTS": "--tb=short"}  # fmt: skip
 
@@ -102,7 +102,9 @@ class SuiteRunner:
             spec = SandboxSpec(repo=repo, label="mine", ro_mounts=self.mounts)
             with self.backend.create(spec) as sandbox:
                 result = sandbox.exec(self.test_cmd, env=RUN_ENV, timeout=self.timeout_s)
-        output = (result.stdout + "\n" + result.stderr)[-OUTPUT_CHARS:]
+        output = result.stdout + "\n" + result.stderr
+        if len(output) > HEAD_CHARS + TAIL_CHARS:
+            output = output[:HEAD_CHARS] + "\n[...]\n" + output[-TAIL_CHARS:]
         statuses = {t: str(s) for t, s in get_log_parser("pytest")(result.stdout).items()}
         return SuiteRun(statuses, output, result.exit_code, result.timed_out)
 

@@ -1,0 +1,196 @@
+"""Mining tasks from real code: bugs injected into a real PyPI package (inflection 0.5.1, pure
+Python, its pytest suite in the sdist) and a git history made here (a bug fix with a new test
+is kept; a refactor without tests and a commit whose tests already passed are not). Every kept
+task is validated in the default sandbox; then Pi with the oracle solves mined tasks through
+`gym.make` and `oracle:noop` fails them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.cli import main as cli_main
+from harness_gym.tasks import TaskError, load_tasks
+from harness_gym.tasks.mine import make_tasks
+from harness_gym.tasks.mine.candidate import changed_lines
+from harness_gym.tasks.mine.envs import env_mounts
+from harness_gym.tasks.mine.mutate import KINDS, mutants
+from harness_gym.tasks.mine.pypi import SdistError, parse_pin
+
+PACKAGE = "inflection==0.5.1"
+
+
+@pytest.fixture(scope="module")
+def pypi_tasks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mined-pypi")
+    try:
+        summary = make_tasks(pypi=PACKAGE, n=2, out=out, progress=False)
+    except SdistError as error:
+        pytest.skip(f"the registry is not reachable: {error}")
+    assert summary.kept == 2, summary
+    return out
+
+
+def _commit(repo: Path, message: str, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(textwrap.dedent(text))
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", message], cwd=repo, check=True, env=env)
+
+
+CALC = """\
+    def clamp(value, low, high):
+        return max(low, min(value, high))
+
+
+    def mean(values):
+        return sum(values) / len(values)
+    """
+CALC_TESTS = """\
+    from calc.core import clamp, mean
+
+
+    def test_clamp_inside():
+        assert clamp(5, 0, 10) == 5
+
+
+    def test_mean():
+        assert mean([1, 2, 3]) == 2
+    """
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("history") / "calc"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    _commit(repo, "calc: clamp and mean", {"calc/__init__.py": "", "calc/core.py": CALC,
+                                           "tests/test_calc.py": CALC_TESTS})
+    _commit(repo, "mean of nothing is 0, not ZeroDivisionError\n\nmean([]) raised.", {
+        "calc/core.py": CALC.replace("    return sum(values) / len(values)",
+                                     "    return sum(values) / len(values) if values else 0"),
+        "tests/test_calc.py": CALC_TESTS + "\n\n    def test_mean_of_nothing():\n"
+                                           "        assert mean([]) == 0\n"})
+    _commit(repo, "refactor: name the bounds", {
+        "calc/core.py": (repo / "calc/core.py").read_text().replace("low, high", "lo, hi")
+                                                          .replace("value, high", "value, hi")
+                                                          .replace("max(low", "max(lo")})
+    _commit(repo, "clamp docs, a test that always passed", {
+        "calc/core.py": (repo / "calc/core.py").read_text().replace(
+            "def clamp(value, lo, hi):\n", 'def clamp(value, lo, hi):\n    """Bound value."""\n'),
+        "tests/test_calc.py": (repo / "tests/test_calc.py").read_text()
+        + "\n\ndef test_clamp_above():\n    assert clamp(50, 0, 10) == 10\n"})
+    return repo
+
+
+def test_a_pin_is_required_and_a_bad_one_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SdistError, match="NAME==VERSION"):
+        parse_pin("inflection>=0.5")
+    assert cli_main(["tasks", "make", "--pypi", "inflection", "--n", "1", "--out",
+                     str(tmp_path)]) == 2
+    assert "NAME==VERSION" in capsys.readouterr().err
+
+
+def test_every_mutant_parses_and_changes_one_site_outside_docstrings():
+    source = textwrap.dedent('''\
+        def window(items, size=2):
+            """Docstring: 1 < 2 and True."""
+            if size <= 0:
+                raise ValueError("size")
+            out = []
+            for i in range(len(items) - size + 1):
+                out.append(items[i:i + size])
+            return out
+        ''')
+    found = mutants("w.py", source)
+    assert {m.kind for m in found} >= {"comparison", "off_by_one", "operator", "drop_statement",
+                                       "drop_branch", "return_none"}
+    assert {m.kind for m in found} <= set(KINDS)
+    for mutant in found:
+        compile(mutant.source, "w.py", "exec")
+        assert '"""Docstring: 1 < 2 and True."""' in mutant.source
+        before, after = source.splitlines(), mutant.source.splitlines()
+        assert len([a for a, b in zip(before, after) if a != b]) <= 1 or len(after) < len(before)
+
+
+def test_mined_pypi_tasks_are_valid_with_symptom_statements_and_a_split(pypi_tasks):
+    tasks = load_tasks(pypi_tasks)
+    assert len(tasks) == 2
+    split = json.loads((pypi_tasks / "split.json").read_text())
+    assert sorted(split["train"] + split["heldout"] + split["mixed"]) == sorted(
+        t.instance_id for t in tasks)
+    summary = json.loads((pypi_tasks / "mining.json").read_text())
+    assert summary["kept"] == 2 and summary["candidates"] > 50
+    for task in tasks:
+        meta = task.extra["mine"]
+        assert task.FAIL_TO_PASS and task.PASS_TO_PASS and task.test_patch == ""
+        assert meta["kind"] in KINDS and meta["difficulty"]["level"] in ("easy", "medium", "hard")
+        for line in changed_lines(task.patch):  # never the changed line or the fix
+            assert line not in task.problem_statement
+        assert task.FAIL_TO_PASS[0] in task.problem_statement
+        # held-out code is never trained on: a held-out unit holds no training task
+        if meta["split"] == "train":
+            assert not set(meta["units"]) & set(split["heldout_units"])
+
+
+def test_a_second_run_resumes_without_running_anything(pypi_tasks):
+    summary = make_tasks(pypi=PACKAGE, n=2, out=pypi_tasks, progress=False)
+    assert (summary.kept, summary.resumed, summary.tried) == (2, 2, 0)
+
+
+def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
+    (task,) = load_tasks(next(p for p in pypi_tasks.iterdir() if p.is_dir()))
+    for bad in ("../../etc", "/", "mine-env-x/../../.."):
+        hostile = replace(task, install_config={**task.install_config, "python_env": bad})
+        with pytest.raises(TaskError, match="python_env"):
+            env_mounts(hostile)
+
+
+def test_git_history_keeps_the_fix_with_its_new_test_and_rejects_the_rest(history, tmp_path,
+                                                                          capsys):
+    out = tmp_path / "mined"
+    assert cli_main(["tasks", "make", "--git", str(history), "--n", "5", "--out", str(out),
+                     "--quiet"]) == 0
+    said = capsys.readouterr().out
+    (task,) = load_tasks(out)
+    summary = json.loads((out / "mining.json").read_text())
+    assert summary["kept"] == 1 and summary["rejected"] == {"no_tests": 1, "no_fail_to_pass": 1}
+    assert "3 candidates" in said
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_mean_of_nothing"]
+    assert set(task.PASS_TO_PASS) == {"tests/test_calc.py::test_clamp_inside",
+                                      "tests/test_calc.py::test_mean"}
+    assert task.problem_statement.startswith("mean of nothing is 0")
+    assert "ZeroDivisionError" in task.problem_statement
+    assert "calc/core.py" in task.patch and "tests/" not in task.patch
+    assert "test_mean_of_nothing" in task.test_patch
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
+@pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
+def test_pi_solves_mined_tasks_with_the_oracle_and_noop_fails_them(pypi_tasks, history, tmp_path,
+                                                                    engine, outcome):
+    git_out = tmp_path / "git"
+    make_tasks(git=history, n=1, out=git_out, progress=False)
+    for directory in (pypi_tasks, git_out):
+        task = load_tasks(directory)[0]
+        env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi")
+        try:
+            env.reset(options={"task_id": task.instance_id})
+            _, reward, _, _, info = env.step({})
+            assert info["outcome"] == outcome, (task.instance_id, info["error"], info["grade"])
+            assert (reward > 0) == (outcome == "passed")
+        finally:
+            env.close()
