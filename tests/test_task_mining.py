@@ -16,15 +16,15 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
-
-import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
-from harness_gym.cli import main as cli_main
 from harness_gym.tasks import TaskError, load_tasks
 from harness_gym.tasks.mine import make_tasks
 from harness_gym.tasks.mine.candidate import changed_lines
 from harness_gym.tasks.mine.envs import env_mounts
 from harness_gym.tasks.mine.mutate import KINDS, mutants
 from harness_gym.tasks.mine.pypi import SdistError, parse_pin
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.cli import main as cli_main
 
 PACKAGE = "inflection==0.5.1"
 
@@ -44,8 +44,8 @@ def _commit(repo: Path, message: str, files: dict[str, str]) -> None:
     for path, text in files.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(textwrap.dedent(text))
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True, env=env)
     subprocess.run(["git", "commit", "-qm", message], cwd=repo, check=True, env=env)
 

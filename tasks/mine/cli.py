@@ -11,9 +11,9 @@ def add_make_action(actions: argparse._SubParsersAction) -> None:
         "make", help="mine validated tasks from a PyPI package (bug injection) or a git history")
     source = make.add_mutually_exclusive_group(required=True)
     source.add_argument("--pypi", metavar="NAME==VERSION",
-                        help="inject bugs into this sdist's functions, kept when its tests see them")
+                        help="inject bugs into this sdist's functions; keep those its tests see")
     source.add_argument("--git", metavar="PATH",
-                        help="commits of this repository whose new tests fail before and pass after")
+                        help="commits of this repo whose new tests fail before, pass after")
     make.add_argument("--since", metavar="REV", help="with --git: only commits after REV")
     make.add_argument("--n", type=int, required=True, help="tasks to keep")
     make.add_argument("--out", required=True, help="task directory (re-run to resume)")

@@ -54,7 +54,8 @@ def _build(out: Path, requirements: list[str]) -> None:
     pip = [sys.executable, "-m", "pip", "--python", str(out / "bin" / "python"), "install",
            "--quiet", "--disable-pip-version-check", *requirements]  # fmt: skip
     try:
-        done = subprocess.run(pip, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        done = subprocess.run(pip, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                              check=False)
     except subprocess.TimeoutExpired:
         raise EnvBuildError(f"pip install {' '.join(requirements)} ran past {PIP_TIMEOUT_S}s")
     if done.returncode != 0:

@@ -79,8 +79,8 @@ class HistorySource:
             parents = git(self.path, "rev-list", "--parents", "-n1", sha).split()[1:]
             if len(parents) != 1:
                 continue  # the root commit has nothing before it
-            changed = git(self.path, "diff", "--name-only", "--no-renames", parents[0], sha).split("\n")
-            changed = [p for p in changed if p]
+            names = git(self.path, "diff", "--name-only", "--no-renames", parents[0], sha)
+            changed = [p for p in names.split("\n") if p]
             tests = [p for p in changed if is_test_path(p)]
             sources = [p for p in changed if p.endswith(".py") and not is_test_path(p)]
             if not tests or not sources:

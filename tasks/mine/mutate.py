@@ -112,7 +112,8 @@ def _edits(function: ast.AST, lines: list[str]) -> Iterator[tuple[str, int, Edit
     for node, parent, in_index in _own_nodes(function):
         at = getattr(node, "lineno", None)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            yield "operator", at, _expr(lines, node, _with(node, op=_BINOPS[type(node.op)]()), parent)
+            new = _with(node, op=_BINOPS[type(node.op)]())
+            yield "operator", at, _expr(lines, node, new, parent)
         elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
             new = _with(node, ops=[_CMPOPS[type(node.ops[0])]()])
             yield "comparison", at, _expr(lines, node, new, parent)
@@ -134,9 +135,10 @@ def _edits(function: ast.AST, lines: list[str]) -> Iterator[tuple[str, int, Edit
         elif isinstance(node, ast.Return) and node.value is not None:
             if not (isinstance(node.value, ast.Constant) and node.value.value is None):
                 yield "return_none", at, _expr(lines, node.value, ast.Constant(None))
-        elif isinstance(node, ast.Call) and len(node.args) >= 2:
-            if not any(isinstance(a, ast.Starred) for a in node.args[:2]):
-                yield "swap_arguments", at, _swap(lines, node.args[0], node.args[1])
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(
+            isinstance(a, ast.Starred) for a in node.args[:2]
+        ):
+            yield "swap_arguments", at, _swap(lines, node.args[0], node.args[1])
         if isinstance(node, ast.stmt) and parent is not None:
             siblings = _block_of(parent, node)
             if isinstance(node, _DROPPABLE) and siblings is not None:

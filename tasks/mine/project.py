@@ -60,7 +60,8 @@ def scan_project(root: Path, name: str | None = None) -> Project:
     if compiled := [f for f in files if f.endswith(COMPILED)]:
         raise ProjectError(f"{root}: holds compiled sources ({compiled[0]}): only pure-Python "
                            "projects can be mined")  # fmt: skip
-    tests = [f for f in files if is_test_file(f.rsplit("/", 1)[-1]) and not f.endswith("conftest.py")]
+    tests = [f for f in files
+             if is_test_file(f.rsplit("/", 1)[-1]) and not f.endswith("conftest.py")]
     if not tests:
         raise ProjectError(f"{root}: no test files (test_*.py, *_test.py) found")
     directories = find_test_directories(tests)

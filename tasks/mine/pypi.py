@@ -4,8 +4,8 @@ need.
 `fetch_sdist("inflection==0.5.1", dest)` runs `pip download --no-deps --no-binary :all:` (the
 sdist is the one artifact that ships the tests) and unpacks it. `test_requirements(root)` reads
 what the sdist declares: `Requires-Dist` of `PKG-INFO` (or `*.egg-info/requires.txt`) without an
-extra or with a test extra (`test`, `tests`, `testing`), `pyproject.toml`'s dependencies and test extras, and
-`requirements*test*.txt` files.
+extra or with a test extra (`test`, `tests`, `testing`), `pyproject.toml`'s dependencies and
+test extras, and `requirements*test*.txt` files.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fetch_sdist(requirement: str, dest: Path) -> Path:
                    "--no-binary", ":all:", "--disable-pip-version-check", "-d", scratch,
                    f"{name}=={version}"]  # fmt: skip
         try:
-            done = subprocess.run(command, capture_output=True, text=True,
+            done = subprocess.run(command, capture_output=True, text=True, check=False,
                                   timeout=DOWNLOAD_TIMEOUT_S)  # fmt: skip
         except subprocess.TimeoutExpired:
             raise SdistError(f"pip download {name}=={version} ran past {DOWNLOAD_TIMEOUT_S}s")

@@ -109,7 +109,7 @@ class SuiteRunner:
         return SuiteRun(statuses, output, result.exit_code, result.timed_out)
 
 
-_SECTION = re.compile(r"^_{3,} (.+?) _{3,}$", re.M)
+_SECTION = re.compile(r"^_{3,} (.+?) _{3,}$", re.MULTILINE)
 
 
 def failure_excerpt(output: str, test: str, *, hide: tuple[str, ...] = (), lines: int = 8) -> str:
