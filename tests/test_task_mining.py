@@ -22,6 +22,7 @@ from harness_gym.tasks.mine.candidate import changed_lines
 from harness_gym.tasks.mine.envs import env_mounts
 from harness_gym.tasks.mine.mutate import KINDS, mutants
 from harness_gym.tasks.mine.pypi import SdistError, parse_pin
+from harness_gym.tasks.mine.runs import failure_excerpt
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.cli import main as cli_main
@@ -101,6 +102,28 @@ def test_a_pin_is_required_and_a_bad_one_is_refused_in_one_line(tmp_path, capsys
     assert cli_main(["tasks", "make", "--pypi", "inflection", "--n", "1", "--out",
                      str(tmp_path)]) == 2
     assert "NAME==VERSION" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_a_repository_is_refused_in_one_line(tmp_path, capsys):
+    assert cli_main(["tasks", "make", "--git", str(tmp_path), "--n", "1", "--out",
+                     str(tmp_path / "out"), "--quiet"]) == 2
+    assert "is not a git repository" in capsys.readouterr().err
+
+
+def test_the_failure_excerpt_never_shows_a_line_of_the_fix():
+    output = textwrap.dedent("""\
+        ___________________________ test_total ___________________________
+        tests/test_t.py:3: in test_total
+            assert total([1, 2]) == 3
+        src/t.py:2: in total
+            return sum(values) - 1
+        E   assert 2 == 3
+        E    +  where 2 = total([1, 2])
+        E   in: return sum(values) - 1
+        """)
+    excerpt = failure_excerpt(output, "tests/test_t.py::test_total",
+                              hide=("return sum(values) - 1", "return sum(values)"))
+    assert excerpt == "E   assert 2 == 3\nE    +  where 2 = total([1, 2])"
 
 
 def test_every_mutant_parses_and_changes_one_site_outside_docstrings():
