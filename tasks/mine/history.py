@@ -24,7 +24,7 @@ from typing import Any
 from ..loader import GIT_ISOLATION
 from ..test_scope import is_test_file
 from .candidate import Candidate, changed_lines, difficulty, symptom_statement
-from .project import scan_project
+from .project import ProjectError, scan_project
 from .runs import SuiteRunner, failure_excerpt
 
 __all__ = ["Commit", "GitError", "HistorySource", "git"]
@@ -110,7 +110,10 @@ class HistorySource:
 
     def evaluate(self, commit: Commit) -> Candidate | str:
         parent, after = self._tree(commit.parent), self._tree(commit.sha)
-        project = scan_project(after, self.label)
+        try:
+            project = scan_project(after, self.label)
+        except ProjectError:
+            return "no_suite"  # this commit's tree has no test files or no library left
         runner: SuiteRunner = self.runner_for(project)
         test_files = {p: ((after / p).read_text() if (after / p).is_file() else None)
                       for p in commit.tests}  # fmt: skip
