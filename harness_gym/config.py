@@ -59,6 +59,10 @@ class EpisodeConfig:
       `max_tokens`, `seed`).
     - `context_overflow`: "error" (the CLI gets its dialect's context-too-long error and
       compacts) or "truncate" (the proxy blanks the oldest tool results).
+    - `mix_harnesses`: with several harnesses, False (the default) gives each GRPO group one
+      harness, groups cycling through the list, so a group's baseline compares one prompt's
+      episodes; True alternates the harnesses inside every group (its members then answer
+      different prompts: each CLI has its own system prompt and tools).
     - `train_subagents`: a sub-agent's segments (Claude Code's Task tool), linked to the tool
       call that started them, are role "agent" (trained on) instead of "auxiliary".
     - `progress`: install messages and progress bars on stderr.
@@ -72,6 +76,7 @@ class EpisodeConfig:
     test_timeout_s: float
     sampling: Mapping[str, Any]
     context_overflow: ContextOverflow
+    mix_harnesses: bool
     train_subagents: bool
     progress: bool
 
@@ -86,6 +91,7 @@ class EpisodeConfig:
         test_timeout_s: float = 300.0,
         sampling: Mapping[str, Any] | None = None,
         context_overflow: ContextOverflow = "error",
+        mix_harnesses: bool = False,
         train_subagents: bool = False,
         progress: bool = True,
     ) -> None:
@@ -108,6 +114,7 @@ class EpisodeConfig:
             "test_timeout_s": float(test_timeout_s),
             "sampling": checked_sampling,
             "context_overflow": context_overflow,
+            "mix_harnesses": bool(mix_harnesses),
             "train_subagents": bool(train_subagents),
             "progress": bool(progress),
         }
@@ -128,6 +135,13 @@ class EpisodeConfig:
         if config is None:
             return cls(**settings)
         return dataclasses.replace(config, **settings) if settings else config
+
+    def group_harnesses(self, group: int, size: int) -> list[HarnessSpec]:
+        """The harness of each of the `size` members of GRPO group number `group`."""
+        specs = self.harness
+        if self.mix_harnesses:
+            return [specs[i % len(specs)] for i in range(size)]
+        return [specs[group % len(specs)]] * size
 
     def replace(self, **settings: Any) -> EpisodeConfig:
         """A copy with some settings changed (validated again)."""

@@ -31,9 +31,11 @@ dicts (`reward_breakdown`) are batched key by key, and per-episode structures (`
 `grade`, `harness_output`) stay whole in object arrays.
 
 Groups: with `group_size=G`, sub-envs `[k*G, (k+1)*G)` get the same task at every reset (one
-GRPO group); the seeded RNG draws one task per group. `harness` may be a list, one per sub-env
-(cycled when shorter): each distinct harness gets its own `EpisodeRunner` on the shared proxy,
-and `infos["harness"]` says which ran.
+GRPO group); the seeded RNG draws one task per group. `harness` may be a list: by default each
+group runs ONE harness (group k the k-th, cycled), so a group's episodes share their prompt and
+its baseline compares like with like; `mix_harnesses=True` alternates the list inside every
+group instead. Each distinct harness gets its own `EpisodeRunner` on the shared proxy, and
+`infos["harness"]` says which ran.
 
 Settings: every keyword of `make` but `num_envs`, `tasks`, `group_size` and the executor's is an
 episode setting, validated into one `EpisodeConfig` (see `harness_gym.config`); `config=` passes
@@ -61,7 +63,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .config import EpisodeConfig
+from .config import EpisodeConfig, EpisodeConfigError
 from .engines import Engine
 from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
 from .episode import EpisodeRequest, EpisodeResult
@@ -98,8 +100,14 @@ class HarnessVectorEnv(VectorEnv):
             executor, ray_address=ray_address, ray_init=ray_init,
             ray_actor_options=ray_actor_options)
         self.config = EpisodeConfig.build(config, **settings)
-        loaded = self.config.harness
-        self.harnesses: list[HarnessSpec] = [loaded[i % len(loaded)] for i in range(num_envs)]
+        n_groups, n_harnesses = num_envs // group_size, len(self.config.harness)
+        if n_groups < n_harnesses and not self.config.mix_harnesses:
+            raise EpisodeConfigError(
+                f"{n_harnesses} harnesses need at least {n_harnesses} groups (one harness per "
+                f"group), got {n_groups}: raise num_envs to {n_harnesses * group_size}, or "
+                f"pass mix_harnesses=True to alternate them inside each group")
+        self.harnesses: list[HarnessSpec] = [
+            spec for k in range(n_groups) for spec in self.config.group_harnesses(k, group_size)]
         self.tasks = load_tasks(tasks)
         self.num_envs = num_envs
         self.group_size = group_size

@@ -211,11 +211,10 @@ class HarnessRolloutWorker:
         group = _Group(self._next_group, task, self.model_version)
         self._next_group += 1
         self._started_per_version[group.version] += 1
-        harnesses = self.config.harness
         sampling = dict(self.config.sampling)
-        for i in range(self.group_size):
+        for spec in self.config.group_harnesses(group.group_id, self.group_size):
             # No version in the request: each call is labelled with the weights that served it.
-            request = EpisodeRequest(harnesses[i % len(harnesses)].name, task, sampling)
+            request = EpisodeRequest(spec.name, task, sampling)
             group.futures.append(self._executor.submit(request))
         self._running.append(group)
         self._event("group_start", group)
