@@ -15,7 +15,9 @@ the config object, never the loose list.
     harness_gym.config.EpisodeConfigError: unknown engine 'smollm' (did you mean 'smollm2'?); ...
 
 Names (harness, engine, sandbox) are checked against their entry points here, at `make()` time,
-without loading anything heavy: an engine's model loads at the env's first `reset()`.
+without loading anything heavy: an engine's model loads at the env's first `reset()`. So is each
+harness's minimum context window (`HarnessSpec.min_context`) against the engine's, where the
+window is known without loading (`harness_gym.engines.context`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any, Literal
 
 from .engines import ENTRY_POINT_GROUP as ENGINES
 from .engines import Engine
-from .harness import HarnessSpec, load_harness
+from .engines.context import declared_context
+from .harness import ContextTooSmall, HarnessSpec, load_harness
 from .plugins import check_plugin_name, did_you_mean
 from .proxy.errors import ProxyError
 from .proxy.sessions import check_context_overflow, parse_session_sampling
@@ -118,6 +121,7 @@ class EpisodeConfig:
             "train_subagents": bool(train_subagents),
             "progress": bool(progress),
         }
+        _check_context(values["harness"], values["engine"])
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -174,3 +178,15 @@ def _check_sandbox(sandbox: str | SandboxBackend | None) -> str | SandboxBackend
         raise SandboxError(f"a sandbox is a backend name or a SandboxBackend, got {sandbox!r}")
     check_plugin_name(SANDBOXES, sandbox, noun="sandbox backend", error=SandboxError)
     return sandbox
+
+
+def _check_context(harnesses: tuple[HarnessSpec, ...], engine: str | Engine) -> None:
+    """Each harness's `min_context` against the engine's window, where it is known now."""
+    window = declared_context(engine)
+    if window is None:
+        return  # known once the engine loads: each episode checks it then
+    for spec in harnesses:
+        try:
+            spec.check_context(window)
+        except ContextTooSmall as exc:
+            raise EpisodeConfigError(str(exc)) from None

@@ -37,7 +37,8 @@ its baseline compares like with like; `mix_harnesses=True` alternates the list i
 group instead. Each distinct harness gets its own `EpisodeRunner` on the shared proxy, and
 `infos["harness"]` says which ran.
 
-Settings: every keyword of `make` but `num_envs`, `tasks`, `group_size` and the executor's is an
+Settings: every keyword of `make` but `num_envs`, `tasks`, `install_config` (rows without one, as
+for `HarnessSWE-v0`), `group_size` and the executor's is an
 episode setting, validated into one `EpisodeConfig` (see `harness_gym.config`); `config=` passes
 a ready one (keywords given beside it override its fields).
 
@@ -54,7 +55,7 @@ executor's clocks included (`harness_gym.ray_cluster`). Infos are the same eithe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import as_completed
 from typing import Any, ClassVar, Self
 
@@ -85,6 +86,7 @@ class HarnessVectorEnv(VectorEnv):
         self,
         num_envs: int = 1,
         tasks: TaskSpec | list[Task] = "builtin",
+        install_config: Mapping[str, Any] | None = None,
         group_size: int = 1,
         executor: ExecutorSpec = "threads",
         ray_address: str | None = None,
@@ -108,7 +110,7 @@ class HarnessVectorEnv(VectorEnv):
                 f"pass mix_harnesses=True to alternate them inside each group")
         self.harnesses: list[HarnessSpec] = [
             spec for k in range(n_groups) for spec in self.config.group_harnesses(k, group_size)]
-        self.tasks = load_tasks(tasks)
+        self.tasks = load_tasks(tasks, install_config=install_config)
         self.num_envs = num_envs
         self.group_size = group_size
         self.single_observation_space = AnyText(MAX_PROBLEM_CHARS)
