@@ -31,6 +31,10 @@ def __getattr__(name: str):
         from .env import HarnessSWEEnv
 
         return HarnessSWEEnv
+    if name == "RayCluster":  # imports Ray only when asked for
+        from .scaleout.ray_cluster import RayCluster
+
+        return RayCluster
     if name == "InterceptionProxy":
         from .proxy import InterceptionProxy
 
@@ -38,5 +42,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ENV_ID", "EpisodeConfig", "HarnessSWEEnv", "InterceptionProxy", "RewardConfig",
-           "__version__"]
+__all__ = ["ENV_ID", "EpisodeConfig", "HarnessSWEEnv", "InterceptionProxy", "RayCluster",
+           "RewardConfig", "__version__"]
