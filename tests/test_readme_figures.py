@@ -39,6 +39,10 @@ NOT_MEASURED: dict[str, str] = {
     "default to 1.0": "a default setting",
     "(reward 0.0,": "a default setting",
     "(900 + 300 + 120 s)": "the default timeouts and margin, settings",
+    "every 50 ms": "the disk and tree watchers' period, a setting",
+    "(5 s)": "scale-out.md: the default of poll_s, a setting",
+    "(30 s)": "scale-out.md: the default of retry_s, a setting",
+    "up to 10 min": "scale-out.md: the retry back-off's cap, a setting",
 }
 # A number right after one of these is a version or an identifier, not a figure.
 VERSIONED = re.compile(r"(?:TRL|vLLM|Ray|License|arXiv|Python|Node|torch)\s$")
