@@ -153,7 +153,7 @@ def recorded_episodes(out_dir: str | Path) -> list[dict[str, Any]]:
     """The episodes RecordTraces JSON Lines files under `out_dir` hold (`EPISODE_FIELDS` of each).
 
     A process killed while writing leaves at most a torn last line: it is cut off the file (that
-    row's episode runs again), so the directory stays readable by `harness_gym.sft`."""
+    row's episode runs again), so the directory stays readable by `harness_gym.training.sft`."""
     episodes: list[dict[str, Any]] = []
     directory = Path(out_dir)
     for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
