@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
+from . import _moved
 from .rewards import RewardConfig
+
+_moved.install()  # old flat module paths (harness_gym.ray_cluster, ...) keep importing
 
 __version__ = "0.1.0"
 ENV_ID = "HarnessSWE-v0"

@@ -46,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .env import HarnessSWEEnv
-    from .runs import run_episodes
+    from .runs.recording import run_episodes
 
     env = HarnessSWEEnv(tasks=args.tasks, **episode_settings(args))
     try:
@@ -102,7 +102,7 @@ def _status(message: str) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from . import trace_view
+    from .runs import trace_view
 
     paths = [Path(f) for f in args.files] or [trace_view.newest_run(args.runs)]
     if not args.files:
@@ -111,7 +111,7 @@ def _trace(args: argparse.Namespace) -> int:
     tokenizers = trace_view.Tokenizers(override=args.tokenizer,
                                        warn=lambda note: _status(f"note: {note}"))
     if args.html:
-        from .trace_page import render_html
+        from .runs.trace_page import render_html
 
         title = paths[0].name if len(paths) == 1 else f"{len(paths)} runs"
         Path(args.html).write_text(render_html(episodes, tokenizers, title=title))

@@ -19,7 +19,7 @@ import pytest
 from harness_gym.cli import build_parser, episode_settings, main
 from harness_gym.config import EpisodeConfig
 from harness_gym.proxy import CallProgress, InterceptionProxy, ProxySettings
-from harness_gym.runs import CallMeter
+from harness_gym.runs.recording import CallMeter
 
 REPO = Path(__file__).resolve().parent.parent
 HARNESS_GYM = Path(sys.executable).with_name("harness-gym")

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..config import EpisodeConfig
 from ..episode import EpisodeRequest, EpisodeResult
-from ..executors import EpisodeExecutor, ExecutorFactory, ExecutorSpec, make_executor
+from ..scaleout.executors import EpisodeExecutor, ExecutorFactory, ExecutorSpec, make_executor
+from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..wrappers import group_advantages
@@ -140,7 +141,7 @@ class HarnessRolloutWorker:
 
     @property
     def _builds_executor(self) -> bool:
-        return isinstance(self._executor_spec, (str, ExecutorFactory))
+        return isinstance(self._executor_spec, (str, RayCluster, ExecutorFactory))
 
     # --- RolloutWorkerProtocol ------------------------------------------------------------
 
