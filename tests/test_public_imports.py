@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 import harness_gym
@@ -19,8 +17,6 @@ def test_sandbox_backends_import_from_the_sandbox_package():
         from harness_gym.sandbox import NoSuchBackend  # noqa: F401
 
 
-@pytest.mark.skipif(importlib.util.find_spec("harness_gym.scaleout") is None,
-                    reason="harness_gym.scaleout (the scale-out wing) is not on this branch yet")
 def test_ray_cluster_is_a_top_level_name():
     from harness_gym.scaleout.ray_cluster import RayCluster
 
@@ -29,9 +25,7 @@ def test_ray_cluster_is_a_top_level_name():
 
 
 def test_every_top_level_name_resolves_and_unknown_ones_fail_clearly():
-    scaleout = importlib.util.find_spec("harness_gym.scaleout") is not None
     for name in harness_gym.__all__:
-        if name != "RayCluster" or scaleout:
-            assert getattr(harness_gym, name) is not None, name
+        assert getattr(harness_gym, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         harness_gym.Nope  # noqa: B018
