@@ -14,7 +14,7 @@ replayed from their journal (`JournaledRollout`). The process id is in `run.pid`
 1. `demos`: the teacher engine (`teacher:<policy>`) solves `family:train` tasks through Pi in the
    env; `RecordTraces` writes every episode (JSON Lines).
 2. `sft`: the policy fine-tuned on the passing episodes' agent segments, token for token with
-   `loss_mask` as the label mask (`harness_gym.sft`, frozen shared prompt prefix).
+   `loss_mask` as the label mask (`harness_gym.training.sft`, frozen shared prompt prefix).
 3. `grpo`: TRL `GRPOTrainer` (`FrozenPrefixGRPOTrainer`) with `make_rollout_func`: the trainer's
    own model serves Pi in process, the reward is the env's test-gated reward with a tool penalty.
 4. `eval-base`, `eval-sft`, `eval-grpo`: each checkpoint on `family:heldout` through Pi, one
@@ -220,7 +220,7 @@ class Pipeline:
     def stage_sft(self) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from harness_gym.sft import sft_rows, sft_trainer
+        from harness_gym.training.sft import sft_rows, sft_trainer
 
         c = self.config
         rows = sft_rows(self.stage_dir("demos") / "traces", max_length=c.sft_max_length)
@@ -544,7 +544,7 @@ def preload() -> None:
     import harness_gym.engines.teacher
     import harness_gym.engines.tiny
     import harness_gym.integrations.trl
-    import harness_gym.sft
+    import harness_gym.training.sft
     import harness_gym.training.evaluation
     import harness_gym.training.report
     import harness_gym.training.trainers  # noqa: F401

@@ -1,6 +1,7 @@
 """harness-gym's production path (`serve --engine vllm:URL`) side by side with the peer proxies.
 
-A wrapper around the shared side-by-side harness (`../shared/bench/peers/`, README there): one
+A wrapper around the side-by-side harness of the peers (a `shared/bench/peers/` folder beside
+the checkout, or `$PEERS_DIR`; it is not part of this repository, README there): one
 run of `run_with_harness_gym.sh` starts the zero-cost fake engine, verifiers' interception
 server, OpenEnv's capture proxy, rllm-model-gateway and our proxy in front of it, drives the
 same 30-turn tool conversation through each with the openai SDK (interleaved, so the ratios are
@@ -13,7 +14,8 @@ overhead is the hop.
     .venv/bin/python benchmarks/proxy_vs_peers.py                  # REPS=10 CONC_REPS=3
     .venv/bin/python benchmarks/proxy_vs_peers.py --reps 3 --conc-reps 1 --hop-reps 3
 
-The shared harness installs the peers into /tmp venvs on first use. The machine's load decides
+Without that folder the benchmark says so and exits 0 (skipped): its fake engine and workload
+come from there too. The side-by-side harness installs the peers into /tmp venvs on first use. The machine's load decides
 the absolute figures: compare within one run. The load average is printed with the table.
 """
 
@@ -153,6 +155,11 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=Path(f"/tmp/proxy_vs_peers.{os.getpid()}"))
     parser.add_argument("--skip-peers", action="store_true", help="only measure the hop")
     args = parser.parse_args()
+    if not (PEERS_DIR / "run_with_harness_gym.sh").is_file():
+        print(f"skipped: no peers harness at {PEERS_DIR} (a shared/bench/peers folder beside the "
+              "checkout, or set PEERS_DIR); it holds the peers, the fake engine and the workload",
+              file=sys.stderr)
+        return
     load_before = os.getloadavg()
     table = "" if args.skip_peers else run_side_by_side(args.reps, args.conc_reps, args.out_dir)
     found = measure_hop(args.turns, args.hop_reps, int(os.environ.get("CHUNK_TOKENS", "64")))

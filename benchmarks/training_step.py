@@ -40,7 +40,7 @@ def timed(fn: Any) -> dict[str, float]:
 def main() -> None:
     from transformers import AutoModelForCausalLM
 
-    from harness_gym.sft import IGNORE_INDEX, sft_rows
+    from harness_gym.training.sft import IGNORE_INDEX, sft_rows
     from harness_gym.training import FrozenPrefixScorer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -24,7 +24,7 @@ import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.engines.tiny import load_tiny_engine
 from harness_gym.episode import EpisodeRequest
-from harness_gym.ray_cluster import RayCluster
+from harness_gym.scaleout.ray_cluster import RayCluster
 from harness_gym.tasks.loader import load_tasks
 
 LOCAL_RAY = RayCluster(init_kwargs={"num_cpus": 2}, poll_s=1.0)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
+from . import _moved
 from .rewards import RewardConfig
+
+_moved.install()  # old flat module paths (harness_gym.ray_cluster, ...) keep importing
 
 __version__ = "0.1.0"
 ENV_ID = "HarnessSWE-v0"
@@ -31,6 +34,10 @@ def __getattr__(name: str):
         from .env import HarnessSWEEnv
 
         return HarnessSWEEnv
+    if name == "RayCluster":  # imports Ray only when asked for
+        from .scaleout.ray_cluster import RayCluster
+
+        return RayCluster
     if name == "InterceptionProxy":
         from .proxy import InterceptionProxy
 
@@ -38,5 +45,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ENV_ID", "EpisodeConfig", "HarnessSWEEnv", "InterceptionProxy", "RewardConfig",
-           "__version__"]
+__all__ = ["ENV_ID", "EpisodeConfig", "HarnessSWEEnv", "InterceptionProxy", "RayCluster",
+           "RewardConfig", "__version__"]

@@ -46,16 +46,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from .env import HarnessSWEEnv
-    from .runs import run_episodes
+    from .runs.recording import run_episodes
 
-    sampling = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
-    if args.temperature is not None:
-        sampling["temperature"] = args.temperature
-    env = HarnessSWEEnv(
-        harness=args.harness, tasks=args.tasks, engine=args.engine, sandbox=args.sandbox,
-        episode_timeout_s=args.episode_timeout, test_timeout_s=args.test_timeout,
-        sampling=sampling, progress=not args.quiet,
-    )
+    env = HarnessSWEEnv(tasks=args.tasks, **episode_settings(args))
     try:
         _start_env(env, args)
         summary = run_episodes(env, episodes=args.episodes, out_dir=Path(args.out),
@@ -71,13 +64,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def episode_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`EpisodeConfig` keywords from `run`/`demo` flags. A flag not given is left out, so its
+    setting keeps EpisodeConfig's default: one source of defaults for the API and the CLI."""
+    sampling = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+    if args.temperature is not None:
+        sampling["temperature"] = args.temperature
+    given = {"harness": args.harness, "engine": args.engine, "sandbox": args.sandbox,
+             "episode_timeout_s": args.episode_timeout, "test_timeout_s": args.test_timeout}
+    return {"sampling": sampling, "progress": not args.quiet,
+            **{name: value for name, value in given.items() if value is not None}}
+
+
 def _start_env(env: Any, args: argparse.Namespace) -> None:
     """Load the engine, start the proxy and install the harness, saying what takes the time
     (a first SmolLM2 load converts its weights: about a minute on two cores)."""
     say = (lambda message: None) if args.quiet else _status
-    say(f"loading engine {args.engine!r} and harness {args.harness!r}...")
+    say(f"loading engine {env.config.engine!r} and harness {env.harness.name!r}...")
     started = time.monotonic()
-    if args.engine == "smollm2":
+    if env.config.engine == "smollm2":
         from .engines.smollm2 import smollm2_is_converted
 
         if not smollm2_is_converted():
@@ -97,7 +102,7 @@ def _status(message: str) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from . import trace_view
+    from .runs import trace_view
 
     paths = [Path(f) for f in args.files] or [trace_view.newest_run(args.runs)]
     if not args.files:
@@ -106,7 +111,7 @@ def _trace(args: argparse.Namespace) -> int:
     tokenizers = trace_view.Tokenizers(override=args.tokenizer,
                                        warn=lambda note: _status(f"note: {note}"))
     if args.html:
-        from .trace_page import render_html
+        from .runs.trace_page import render_html
 
         title = paths[0].name if len(paths) == 1 else f"{len(paths)} runs"
         Path(args.html).write_text(render_html(episodes, tokenizers, title=title))
@@ -122,24 +127,29 @@ DEMO_TASK = "harness-gym__slugs-40"
 
 def _demo(args: argparse.Namespace) -> int:
     """Pi + SmolLM2-135M on the CPU, one built-in task: the main job on embedded defaults."""
-    args.harness, args.engine, args.tasks, args.sandbox = "pi", args.engine, "builtin", None
+    args.harness, args.tasks, args.sandbox = "pi", "builtin", None
     args.episodes, args.task_id, args.seed, args.quiet = 1, [DEMO_TASK], 0, False
     return _run(args)
 
 
 def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
-    parser.add_argument("--engine", default="smollm2",
-                        help="policy: smollm2, tiny, oracle, oracle:noop, hf:PATH, vllm:URL")
-    parser.add_argument("--episode-timeout", type=float, default=600.0,
-                        help="seconds before the CLI is killed (outcome: timeout)")
-    parser.add_argument("--test-timeout", type=float, default=300.0)
+    # Defaults None: the episode settings' defaults are EpisodeConfig's (harness_gym.config).
+    parser.add_argument("--engine", default=None,
+                        help="policy: smollm2 (default), tiny, oracle, oracle:noop, hf:PATH, "
+                             "vllm:URL")
+    parser.add_argument("--episode-timeout", type=float, default=None,
+                        help="seconds before the CLI is killed (outcome: timeout; default: "
+                             "EpisodeConfig.episode_timeout_s)")
+    parser.add_argument("--test-timeout", type=float, default=None,
+                        help="seconds for the task's tests (default: "
+                             "EpisodeConfig.test_timeout_s)")
     parser.add_argument("--max-tokens", type=int, default=384 if demo else None,
                         help="cap on tokens sampled per model call")
     parser.add_argument("--temperature", type=float, default=0.6 if demo else None)
     parser.add_argument("--out", default="runs", help="directory for the trace files")
     if demo:
         return
-    parser.add_argument("--harness", default="pi", help="harness plugin name")
+    parser.add_argument("--harness", default=None, help="harness plugin name (default: pi)")
     parser.add_argument("--tasks", default="builtin", help="suite: builtin, a directory or JSONL")
     parser.add_argument("--sandbox", default=None,
                         help="sandbox backend: bwrap (default where it works), local, ...")
@@ -182,14 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the interception proxy on its own")
+    serve = commands.add_parser("serve", parents=[common],
+                                help="run the interception proxy on its own")
     serve.add_argument("--engine", default="tiny", help="engine spec: tiny, smollm2, hf:PATH, ...")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=0, help="port (default: any free port)")
     serve.add_argument(
         "--admin-key", default=None,
-        help="key the /sessions routes require (default: $HARNESS_GYM_ADMIN_KEY, else a random "
-             "key printed at start)")
+        help="key the admin routes (/sessions) require (default: $HARNESS_GYM_ADMIN_KEY). "
+             "Without one they are OPEN to every local client when --host is a loopback "
+             "address; on any other address a random key is made up and printed at start")
     from .proxy.settings import add_setting_flags
 
     add_setting_flags(serve)
@@ -231,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .tasks.family.cli import add_tasks_command
 
-    add_tasks_command(commands)
+    add_tasks_command(commands, parents=[common])
     return parser
 
 

@@ -15,7 +15,9 @@ the config object, never the loose list.
     harness_gym.config.EpisodeConfigError: unknown engine 'smollm' (did you mean 'smollm2'?); ...
 
 Names (harness, engine, sandbox) are checked against their entry points here, at `make()` time,
-without loading anything heavy: an engine's model loads at the env's first `reset()`.
+without loading anything heavy: an engine's model loads at the env's first `reset()`. So is each
+harness's minimum context window (`HarnessSpec.min_context`) against the engine's, where the
+window is known without loading (`harness_gym.engines.context`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any, Literal
 
 from .engines import ENTRY_POINT_GROUP as ENGINES
 from .engines import Engine
-from .harness import HarnessSpec, load_harness
+from .engines.context import declared_context
+from .harness import ContextTooSmall, HarnessSpec, load_harness
 from .plugins import check_plugin_name, did_you_mean
 from .proxy.errors import ProxyError
 from .proxy.sessions import check_context_overflow, parse_session_sampling
@@ -59,6 +62,10 @@ class EpisodeConfig:
       `max_tokens`, `seed`).
     - `context_overflow`: "error" (the CLI gets its dialect's context-too-long error and
       compacts) or "truncate" (the proxy blanks the oldest tool results).
+    - `mix_harnesses`: with several harnesses, False (the default) gives each GRPO group one
+      harness, groups cycling through the list, so a group's baseline compares one prompt's
+      episodes; True alternates the harnesses inside every group (its members then answer
+      different prompts: each CLI has its own system prompt and tools).
     - `train_subagents`: a sub-agent's segments (Claude Code's Task tool), linked to the tool
       call that started them, are role "agent" (trained on) instead of "auxiliary".
     - `progress`: install messages and progress bars on stderr.
@@ -72,6 +79,7 @@ class EpisodeConfig:
     test_timeout_s: float
     sampling: Mapping[str, Any]
     context_overflow: ContextOverflow
+    mix_harnesses: bool
     train_subagents: bool
     progress: bool
 
@@ -86,6 +94,7 @@ class EpisodeConfig:
         test_timeout_s: float = 300.0,
         sampling: Mapping[str, Any] | None = None,
         context_overflow: ContextOverflow = "error",
+        mix_harnesses: bool = False,
         train_subagents: bool = False,
         progress: bool = True,
     ) -> None:
@@ -108,9 +117,11 @@ class EpisodeConfig:
             "test_timeout_s": float(test_timeout_s),
             "sampling": checked_sampling,
             "context_overflow": context_overflow,
+            "mix_harnesses": bool(mix_harnesses),
             "train_subagents": bool(train_subagents),
             "progress": bool(progress),
         }
+        _check_context(values["harness"], values["engine"])
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -128,6 +139,13 @@ class EpisodeConfig:
         if config is None:
             return cls(**settings)
         return dataclasses.replace(config, **settings) if settings else config
+
+    def group_harnesses(self, group: int, size: int) -> list[HarnessSpec]:
+        """The harness of each of the `size` members of GRPO group number `group`."""
+        specs = self.harness
+        if self.mix_harnesses:
+            return [specs[i % len(specs)] for i in range(size)]
+        return [specs[group % len(specs)]] * size
 
     def replace(self, **settings: Any) -> EpisodeConfig:
         """A copy with some settings changed (validated again)."""
@@ -160,3 +178,15 @@ def _check_sandbox(sandbox: str | SandboxBackend | None) -> str | SandboxBackend
         raise SandboxError(f"a sandbox is a backend name or a SandboxBackend, got {sandbox!r}")
     check_plugin_name(SANDBOXES, sandbox, noun="sandbox backend", error=SandboxError)
     return sandbox
+
+
+def _check_context(harnesses: tuple[HarnessSpec, ...], engine: str | Engine) -> None:
+    """Each harness's `min_context` against the engine's window, where it is known now."""
+    window = declared_context(engine)
+    if window is None:
+        return  # known once the engine loads: each episode checks it then
+    for spec in harnesses:
+        try:
+            spec.check_context(window)
+        except ContextTooSmall as exc:
+            raise EpisodeConfigError(str(exc)) from None

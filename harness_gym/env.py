@@ -16,7 +16,9 @@ Settings are checked when the env is made, before anything heavy loads:
     ...
     harness_gym.config.EpisodeConfigError: unknown engine 'smollm' (did you mean 'smollm2'?); ...
 
-Keywords: `tasks` (a suite name, path or list of `Task`s), `render_mode`, and the episode
+Keywords: `tasks` (a suite name, path or list of `Task`s), `install_config` (for dataset rows that
+carry none, as plain SWE-bench rows: `{"test_cmd": ..., "log_parser": ...}`, see
+`harness_gym.tasks.Task`), `render_mode`, and the episode
 settings of `harness_gym.config.EpisodeConfig` (`harness`, `engine`, `sandbox`, `reward`,
 `episode_timeout_s`, `test_timeout_s`, `sampling`, `context_overflow`, `progress`), or `config=`
 a ready `EpisodeConfig`. `sandbox=None` picks `harness_gym.sandbox.default_sandbox()`.
@@ -88,6 +90,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
     def __init__(
         self,
         tasks: TaskSpec | list[Task] = "builtin",
+        install_config: Mapping[str, Any] | None = None,
         render_mode: str | None = None,
         config: EpisodeConfig | None = None,
         **settings: Any,
@@ -100,7 +103,7 @@ class HarnessSWEEnv(gym.Env[str, dict]):
                 "HarnessSWE-v0 runs one harness per env; for several use gymnasium.make_vec "
                 f"(got {[h.name for h in self.config.harness]})")
         self.harness: HarnessSpec = self.config.harness[0]
-        self.tasks = load_tasks(tasks)
+        self.tasks = load_tasks(tasks, install_config=install_config)
         self.render_mode = render_mode
         self.observation_space = AnyText(MAX_PROBLEM_CHARS)
         self.action_space = ACTION_SPACE

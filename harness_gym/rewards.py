@@ -7,13 +7,20 @@
            = infra_error                                              if outcome == "infra_error"
 
 `pass_floor` must lie above every non-pass value, so a pass always scores above any failure,
-whatever its tool count. `infra_error="drop"` scores 0.0 and flags the episode
+whatever its tool count.
+
+`penalty="flat"` is the trap, kept for measuring it: every outcome but `infra_error` pays
+`tool_penalty * n_tool_calls`, passed or not, and there is no floor. An episode that quits at once
+(no tool call, tests failed) then scores above one that worked and failed, so a policy learns to
+quit; it breaks invariant 6 on purpose and is never a default. `infra_error="drop"` scores 0.0 and flags the episode
 (`info["reward_breakdown"]["drop"]`) so trainers leave it out: the model did nothing wrong.
 
     >>> RewardConfig()("passed", 5)[0]
     0.95
     >>> RewardConfig()("failed", 0)[0]
     0.0
+    >>> RewardConfig(penalty="flat")("failed", 5)[0]
+    -0.05
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Outcome = Literal["passed", "failed", "timeout", "harness_error", "infra_error"]
+Penalty = Literal["gated", "flat"]
 OUTCOMES: tuple[str, ...] = ("passed", "failed", "timeout", "harness_error", "infra_error")
 
 
@@ -34,10 +42,13 @@ class RewardConfig:
     timeout: float | None = None
     harness_error: float | None = None
     infra_error: float | Literal["drop"] = "drop"
+    penalty: Penalty = "gated"  # "flat": the quitting trap (module docstring), for experiments
 
     def __post_init__(self) -> None:
         if self.tool_penalty < 0:
             raise ValueError("tool_penalty must be >= 0")
+        if self.penalty not in ("gated", "flat"):
+            raise ValueError(f"penalty is 'gated' (the default) or 'flat', got {self.penalty!r}")
         if self.pass_floor > self.success:
             raise ValueError("pass_floor must not exceed success")
         worst_pass = self.pass_floor
@@ -67,19 +78,24 @@ class RewardConfig:
             raise ValueError(f"unknown outcome {outcome!r}; one of {OUTCOMES}")
         drop = False
         base = self.success
-        if outcome == "passed":
-            reward = max(self.success - self.tool_penalty * n_tool_calls, self.pass_floor)
-        elif outcome == "infra_error":
+        cost = self.tool_penalty * n_tool_calls
+        if outcome == "infra_error":
             drop = self.infra_error == "drop"
             base = reward = 0.0 if drop else float(self.infra_error)
+        elif outcome == "passed":
+            reward = (self.success - cost if self.penalty == "flat"
+                      else max(self.success - cost, self.pass_floor))
         else:
             value = self.failure if outcome == "failed" else getattr(self, outcome)
             base = reward = self.failure if value is None else value
+            if self.penalty == "flat":
+                reward = base - cost
         breakdown = {
             "outcome": outcome,
             "base": base,
-            "tool_penalty": base - reward,  # what the tool calls cost (0 unless passed)
+            "tool_penalty": base - reward,  # what the tool calls cost (gated: 0 unless passed)
             "n_tool_calls": n_tool_calls,
             "drop": drop,
+            "penalty": self.penalty,
         }
         return float(reward), breakdown

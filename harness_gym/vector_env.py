@@ -31,28 +31,29 @@ dicts (`reward_breakdown`) are batched key by key, and per-episode structures (`
 `grade`, `harness_output`) stay whole in object arrays.
 
 Groups: with `group_size=G`, sub-envs `[k*G, (k+1)*G)` get the same task at every reset (one
-GRPO group); the seeded RNG draws one task per group. `harness` may be a list, one per sub-env
-(cycled when shorter): each distinct harness gets its own `EpisodeRunner` on the shared proxy,
-and `infos["harness"]` says which ran.
+GRPO group); the seeded RNG draws one task per group. `harness` may be a list: by default each
+group runs ONE harness (group k the k-th, cycled), so a group's episodes share their prompt and
+its baseline compares like with like; `mix_harnesses=True` alternates the list inside every
+group instead. Each distinct harness gets its own `EpisodeRunner` on the shared proxy, and
+`infos["harness"]` says which ran.
 
-Settings: every keyword of `make` but `num_envs`, `tasks`, `group_size` and the executor's is an
+Settings: every keyword of `make` but `num_envs`, `tasks`, `install_config` (rows without one, as
+for `HarnessSWE-v0`), `group_size` and the executor's is an
 episode setting, validated into one `EpisodeConfig` (see `harness_gym.config`); `config=` passes
 a ready one (keywords given beside it override its fields).
 
-The step's episodes go to an `EpisodeExecutor` (`harness_gym.executors`): local threads, or with
-`executor="ray"` a Ray cluster: one `NodeRunner` actor per suitable node, each with its own proxy
-in front of the engine, which must then be a spec string (`vllm:URL` on a real cluster).
-`ray_address` joins a running cluster (without it a local one starts, with `ray_init` as extra
-`ray.init` keywords) and `ray_actor_options` are every runner's Ray options (`num_cpus`,
-`resources`, `runtime_env`, ...); `executor=RayCluster(...)` says all of it, node labels and the
-executor's clocks included (`harness_gym.ray_cluster`). Infos are the same either way. See
-`harness_gym.ray_executor` and docs/scale-out.md.
+The step's episodes go to an `EpisodeExecutor` (`harness_gym.scaleout.executors`): local
+threads, or with `executor="ray"` / `executor=RayCluster(...)` a Ray cluster: one `NodeRunner`
+actor per suitable node, each with its own proxy in front of the engine, which must then be a
+spec string (`vllm:URL` on a real cluster). `RayCluster` holds every Ray setting (address, `ray.init`
+keywords, actor options, node labels, the executor's clocks). Infos are the same either way. See
+`harness_gym.scaleout.ray_executor` and docs/scale-out.md.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import as_completed
 from typing import Any, ClassVar, Self
 
@@ -61,11 +62,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .config import EpisodeConfig
+from .config import EpisodeConfig, EpisodeConfigError
 from .engines import Engine
 from .env import ACTION_SPACE, MAX_PROBLEM_CHARS, AnyText, parse_action
 from .episode import EpisodeRequest, EpisodeResult
-from .executors import EpisodeExecutor, ExecutorSpec, executor_factory
+from .scaleout.executors import (EpisodeExecutor, ExecutorSpec, executor_factory,
+                                 reject_ray_keywords, start_executor)
 from .harness import HarnessSpec
 from .tasks.loader import TaskSpec, load_tasks
 from .tasks.task import Task
@@ -83,24 +85,27 @@ class HarnessVectorEnv(VectorEnv):
         self,
         num_envs: int = 1,
         tasks: TaskSpec | list[Task] = "builtin",
+        install_config: Mapping[str, Any] | None = None,
         group_size: int = 1,
         executor: ExecutorSpec = "threads",
-        ray_address: str | None = None,
-        ray_init: dict[str, Any] | None = None,
-        ray_actor_options: dict[str, Any] | None = None,
         config: EpisodeConfig | None = None,
         **settings: Any,
     ) -> None:
         if num_envs < 1 or group_size < 1 or num_envs % group_size:
             raise ValueError(f"num_envs={num_envs} must be a positive multiple of "
                              f"group_size={group_size}")
-        self._executor_factory = executor_factory(
-            executor, ray_address=ray_address, ray_init=ray_init,
-            ray_actor_options=ray_actor_options)
+        reject_ray_keywords(settings)
+        self._executor_factory = executor_factory(executor)
         self.config = EpisodeConfig.build(config, **settings)
-        loaded = self.config.harness
-        self.harnesses: list[HarnessSpec] = [loaded[i % len(loaded)] for i in range(num_envs)]
-        self.tasks = load_tasks(tasks)
+        n_groups, n_harnesses = num_envs // group_size, len(self.config.harness)
+        if n_groups < n_harnesses and not self.config.mix_harnesses:
+            raise EpisodeConfigError(
+                f"{n_harnesses} harnesses need at least {n_harnesses} groups (one harness per "
+                f"group), got {n_groups}: raise num_envs to {n_harnesses * group_size}, or "
+                f"pass mix_harnesses=True to alternate them inside each group")
+        self.harnesses: list[HarnessSpec] = [
+            spec for k in range(n_groups) for spec in self.config.group_harnesses(k, group_size)]
+        self.tasks = load_tasks(tasks, install_config=install_config)
         self.num_envs = num_envs
         self.group_size = group_size
         self.single_observation_space = AnyText(MAX_PROBLEM_CHARS)
@@ -115,7 +120,8 @@ class HarnessVectorEnv(VectorEnv):
 
     def _start(self) -> EpisodeExecutor:
         if self._executor is None:
-            self._executor = self._executor_factory.start(self.config, max_workers=self.num_envs)
+            self._executor = start_executor(self._executor_factory, self.config,
+                                            max_workers=self.num_envs)
         return self._executor
 
     @property

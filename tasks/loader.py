@@ -148,7 +148,8 @@ def _task_from_item(item: Any, install_config: Mapping[str, Any] | None, where: 
             if "install_config" not in row:
                 raise TaskError(
                     f"{where}: {error}\n  (plain SWE-bench rows carry no install_config: pass "
-                    "load_tasks(..., install_config={'test_cmd': ..., 'log_parser': ...}))"
+                    "install_config={'test_cmd': ..., 'log_parser': ...} to gymnasium.make "
+                    "or load_tasks)"
                 ) from None
             raise TaskError(f"{where}: {error}") from None
     raise TaskError(f"{where}: expected a Task or a row dict, got {type(item).__name__}")

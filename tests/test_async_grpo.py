@@ -390,7 +390,7 @@ def test_the_worker_runs_its_groups_on_the_ray_executor():
         pytest.skip("Pi installs with npm")
     ray = pytest.importorskip("ray", reason="executor='ray' needs Ray")
     from harness_gym.config import EpisodeConfig
-    from harness_gym.ray_cluster import RayCluster
+    from harness_gym.scaleout.ray_cluster import RayCluster
 
     # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
     # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.

@@ -4,6 +4,7 @@ command a message names exists."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -15,9 +16,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from harness_gym.cli import build_parser, main
+from harness_gym.cli import build_parser, episode_settings, main
+from harness_gym.config import EpisodeConfig
 from harness_gym.proxy import CallProgress, InterceptionProxy, ProxySettings
-from harness_gym.runs import CallMeter
+from harness_gym.runs.recording import CallMeter
 
 REPO = Path(__file__).resolve().parent.parent
 HARNESS_GYM = Path(sys.executable).with_name("harness-gym")
@@ -156,3 +158,49 @@ def test_every_harness_gym_command_a_message_names_exists():
         for path in REPO.glob(pattern):
             named |= {(word, path.name) for word in inline.findall(path.read_text())}
     assert {(word, where) for word, where in named if word not in commands} == set()
+
+
+def _subcommand_paths(parser, prefix=()):
+    """Every (sub)command's argv prefix: ("serve",), ("tasks", "generate"), ..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommand_paths(sub, (*prefix, name))
+            return
+    yield prefix
+
+
+def test_every_subcommand_takes_debug_after_its_name():
+    parser = build_parser()
+    paths = list(_subcommand_paths(parser))
+    assert {("serve",), ("run",), ("demo",), ("trace",), ("tasks", "validate")} <= set(paths)
+    for path in paths:
+        sub = parser
+        for name in path:
+            sub = next(a for a in sub._actions
+                       if isinstance(a, argparse._SubParsersAction)).choices[name]
+        assert "--debug" in sub._option_string_actions, path
+
+
+def test_run_and_demo_defaults_are_episode_config_defaults():
+    """No number is copied: a flag not given leaves the setting to EpisodeConfig."""
+    defaults = EpisodeConfig()
+    for argv in (["run"], ["demo"]):
+        args = build_parser().parse_args(argv)
+        if argv == ["demo"]:
+            args.harness, args.sandbox, args.quiet = "pi", None, False  # what _demo sets
+        config = EpisodeConfig.build(**episode_settings(args))
+        for name in ("engine", "episode_timeout_s", "test_timeout_s", "sandbox"):
+            assert getattr(config, name) == getattr(defaults, name), (argv, name)
+        assert [h.name for h in config.harness] == [h.name for h in defaults.harness]
+    given = build_parser().parse_args(["run", "--episode-timeout", "42", "--engine", "oracle"])
+    config = EpisodeConfig.build(**episode_settings(given))
+    assert (config.episode_timeout_s, config.engine) == (42.0, "oracle")
+
+
+def test_serve_help_says_the_admin_routes_are_open_on_loopback_without_a_key():
+    run = subprocess.run([str(HARNESS_GYM), "serve", "--help"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    said = " ".join(run.stdout.split())
+    assert "OPEN to every local client when --host is a loopback address" in said
+    assert "a random key is made up and printed at start" in said

@@ -101,4 +101,4 @@ def test_a_config_is_frozen_and_its_copies_are_validated_again():
 
 def test_a_single_env_runs_one_harness():
     with pytest.raises(EpisodeConfigError, match="make_vec"):
-        gym.make("HarnessSWE-v0", harness=["pi", "hermes"])
+        gym.make("HarnessSWE-v0", harness=["pi", "hermes"], engine="oracle")

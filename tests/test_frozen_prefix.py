@@ -112,7 +112,7 @@ def test_temperature_and_entropy_are_those_of_the_scaled_distribution():
 
 
 def test_the_frozen_prefix_sft_loss_equals_the_full_masked_loss(tmp_path):
-    from harness_gym.sft import sft_rows, sft_trainer
+    from harness_gym.training.sft import sft_rows, sft_trainer
 
     def episode(seed: int) -> dict[str, Any]:
         prompt, response = row(40, seed), row(20, seed + 10)

@@ -10,6 +10,7 @@ runs the real model.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -18,6 +19,7 @@ import pytest
 from support.fidelity import run_harness, scripted
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.config import EpisodeConfigError
 from harness_gym.harness import load_harness
 from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.harnesses.opencode import OpenCodeHarness
@@ -57,16 +59,43 @@ def step_once(harness, engine, **settings):
         env.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode"])
-def test_a_cli_that_needs_more_context_than_smollm2_has_is_an_infra_error_at_once(cli: str):
+def test_a_cli_that_needs_more_context_than_smollm2_has_is_refused_at_make(cli: str):
     engine = scripted(lambda _: "All done.", "smollm2", SMOLLM2_CONTEXT)
-    reward, info, seconds = step_once(cli, engine)
+    with pytest.raises(EpisodeConfigError) as raised:
+        gym.make("HarnessSWE-v0", harness=cli, engine=engine, sandbox="local", progress=False)
+    message = str(raised.value)
+    assert f"at least {load_harness(cli).min_context} tokens" in message
+    assert f"the model has {SMOLLM2_CONTEXT}" in message
+
+
+def test_a_local_model_whose_config_is_too_small_is_refused_at_make_without_loading(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    gym.make("HarnessSWE-v0", harness="pi", engine=f"hf:{tmp_path}")  # Pi fits 8k
+    with pytest.raises(EpisodeConfigError, match="opencode needs a context window of at least"):
+        gym.make("HarnessSWE-v0", harness="opencode", engine=f"hf:{tmp_path}")
+    with pytest.raises(EpisodeConfigError, match="hermes needs"):  # any harness of a vector env
+        gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                     harness=["pi", "hermes"], engine=f"hf:{tmp_path}")
+
+
+@pytest.mark.slow
+def test_a_window_known_only_once_the_engine_loads_is_checked_by_the_episode():
+    """A remote engine's window is read when it loads: the episode refuses before any sandbox."""
+    engine = scripted(lambda _: "All done.", "smollm2", 1 << 20)
+    env = gym.make("HarnessSWE-v0", harness="opencode", engine=engine, sandbox="local",
+                   progress=False)
+    engine.max_context = SMOLLM2_CONTEXT  # as a remote engine's, learnt after make()
+    try:
+        env.reset(options={"task_id": TASK})
+        started = time.monotonic()
+        _, _, _, _, info = env.step(None)
+        seconds = time.monotonic() - started
+    finally:
+        env.close()
     assert info["outcome"] == "infra_error" and info["reward_breakdown"]["drop"] is True
-    assert f"at least {load_harness(cli).min_context} tokens" in info["error"]
-    assert f"the model has {SMOLLM2_CONTEXT}" in info["error"]
-    assert info["n_llm_calls"] == 0 and info["trace"] == []
-    assert seconds < 5, seconds  # decided before a sandbox or the CLI starts
+    assert "at least 16384 tokens" in info["error"] and info["n_llm_calls"] == 0
+    assert seconds < 30, seconds  # decided before a sandbox or the CLI starts (a CLI run: minutes)
 
 
 class UncheckedOpenCode(OpenCodeHarness):

@@ -158,7 +158,7 @@ def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):
     path = tmp_path / "run.jsonl"
     path.write_text(whole + json.dumps(rows[0])[:40])  # killed while writing the third row
     assert [e["task_id"] for e in recorded_episodes(tmp_path)] == ["t0", "t1"]
-    assert path.read_text() == whole  # the file reads cleanly again (harness_gym.sft)
+    assert path.read_text() == whole  # the file reads cleanly again (harness_gym.training.sft)
     assert recorded_episodes(tmp_path / "missing") == []
 
 

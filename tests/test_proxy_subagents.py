@@ -21,7 +21,7 @@ from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.trace import normalize_segment
-from harness_gym.trace_view import Episode, Tokenizers, print_terminal, segment_tree
+from harness_gym.runs.trace_view import Episode, Tokenizers, print_terminal, segment_tree
 
 BRIEF = "Find the function that computes slugs and report its file and line."
 

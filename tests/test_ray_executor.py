@@ -26,11 +26,11 @@ from harness_gym.config import EpisodeConfig
 from harness_gym.engines import load_engine
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.episode import EpisodeRequest
-from harness_gym.executors import make_executor
+from harness_gym.scaleout.executors import make_executor
 from harness_gym.integrations.trl import make_rollout_func
-from harness_gym.ray_cluster import RayCluster
-from harness_gym.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
-from harness_gym.ray_placement import RayPlacementError
+from harness_gym.scaleout.ray_cluster import RayCluster
+from harness_gym.scaleout.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
+from harness_gym.scaleout.ray_placement import RayPlacementError
 from harness_gym.tasks.loader import load_tasks
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
@@ -104,7 +104,7 @@ def steps():
         local.close()
     before = descendants(os.getpid())
     started = time.perf_counter()
-    envs = make_vec(executor="ray", ray_init=LOCAL_CLUSTER, ray_actor_options=ROLLOUT_SLOT)
+    envs = make_vec(executor=RayCluster(init_kwargs=LOCAL_CLUSTER, actor_options=ROLLOUT_SLOT))
     try:
         envs.reset(seed=0)
         start_s = time.perf_counter() - started
@@ -210,10 +210,16 @@ def test_the_ray_executor_refuses_an_engine_object_and_an_unknown_executor():
             RayEpisodeExecutor(EpisodeConfig(engine=engine), max_episodes_per_node=1)
     finally:
         engine.close()
-    with pytest.raises(ValueError, match="'threads', 'ray' or an ExecutorFactory"):
+    with pytest.raises(ValueError, match="'threads', 'ray', a RayCluster"):
         make_vec(executor="processes")
-    with pytest.raises(ValueError, match="ray_address apply to executor='ray' only"):
-        make_vec(executor=RayCluster(), ray_address="auto")
+
+
+@pytest.mark.parametrize("keyword, field", [("ray_address", "address"),
+                                            ("ray_init", "init_kwargs"),
+                                            ("ray_actor_options", "actor_options")])
+def test_ray_settings_have_one_home_the_cluster_record(keyword, field):
+    with pytest.raises(TypeError, match=rf"{keyword}: .*executor=RayCluster\({field}=\.\.\.\)"):
+        make_vec(executor="ray", **{keyword: "auto"})
 
 
 TRAINER = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness_gym.ray_cluster import RayCluster
-from harness_gym.ray_placement import (
+from harness_gym.scaleout.ray_cluster import RayCluster
+from harness_gym.scaleout.ray_placement import (
     check_actor_options,
     fit_nodes,
     placement_report,

@@ -66,3 +66,36 @@ def test_every_pass_scores_above_every_failure_whatever_the_tool_counts(config, 
     passed = config("passed", pass_tools)[0]
     for outcome in OUTCOMES[1:]:
         assert passed > config(outcome, fail_tools)[0]
+
+
+# The flat penalty is the trap issue 26 measures: kept only to show why the gate exists.
+FLAT_TABLE = [
+    ("passed", 0, 1.0),
+    ("passed", 5, 0.95),
+    ("passed", 80, pytest.approx(0.2)),  # no floor
+    ("failed", 0, 0.0),
+    ("failed", 5, -0.05),  # paid even though the tests failed
+    ("timeout", 10, -0.1),
+    ("infra_error", 7, 0.0),  # still dropped, never penalised
+]
+
+
+@pytest.mark.parametrize(("outcome", "n_tool_calls", "expected"), FLAT_TABLE)
+def test_the_flat_penalty_charges_tool_calls_whatever_the_outcome(outcome, n_tool_calls,
+                                                                   expected):
+    reward, breakdown = RewardConfig(penalty="flat")(outcome, n_tool_calls)
+    assert reward == expected
+    assert breakdown["penalty"] == "flat"
+    assert breakdown["base"] - breakdown["tool_penalty"] == pytest.approx(reward)
+
+
+def test_under_the_flat_penalty_quitting_beats_trying_and_failing_which_the_gate_prevents():
+    flat, gated = RewardConfig(penalty="flat"), RewardConfig()
+    assert flat("failed", 0)[0] > flat("failed", 12)[0]  # the trap: doing nothing pays
+    assert gated("failed", 0)[0] == gated("failed", 12)[0]  # gated: effort costs nothing
+    assert flat("passed", 60)[0] < gated("passed", 60)[0]  # and no floor for a long pass
+
+
+def test_an_unknown_penalty_mode_is_refused():
+    with pytest.raises(ValueError, match="penalty is 'gated'"):
+        RewardConfig(penalty="linear")

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from harness_gym.runner_workspace import OWNER_FILE, Owner, RunnerWorkspace, reap_stale
+from harness_gym.scaleout.runner_workspace import OWNER_FILE, Owner, RunnerWorkspace, reap_stale
 
 RUNNER = textwrap.dedent("""
     import json, os, signal, subprocess, sys, tempfile
     from pathlib import Path
-    from harness_gym.runner_workspace import RunnerWorkspace
+    from harness_gym.scaleout.runner_workspace import RunnerWorkspace
     workspace = RunnerWorkspace.claim(sys.argv[2], Path(sys.argv[1]))
     sandbox = tempfile.mkdtemp(prefix="harness-gym-")  # lands in the workspace
     quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

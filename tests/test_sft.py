@@ -18,7 +18,7 @@ import torch
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.engines.teacher import TeacherEngine
 from harness_gym.engines.tiny import load_tiny_engine, tiny_model_dir
-from harness_gym.sft import (
+from harness_gym.training.sft import (
     IGNORE_INDEX,
     TraceFormatError,
     load_episodes,

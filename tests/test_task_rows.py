@@ -86,6 +86,27 @@ def test_a_plain_swe_bench_row_needs_an_install_config_and_the_error_says_how(tm
     assert task.test_cmd == "./tests/runtests.py"
 
 
+def test_make_takes_the_install_config_of_rows_that_lack_it(tmp_path: Path):
+    import gymnasium as gym
+
+    import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+
+    row = _swe_rebench_row("django__django-1")
+    del row["install_config"]
+    rows = tmp_path / "swe_bench.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TaskError, match=r"install_config=\{'test_cmd'.* to gymnasium.make"):
+        gym.make("HarnessSWE-v0", tasks=str(rows), engine="oracle")
+    config = {"test_cmd": "./tests/runtests.py", "log_parser": "pytest"}
+    env = gym.make("HarnessSWE-v0", tasks=str(rows), engine="oracle", install_config=config)
+    envs = gym.make_vec("HarnessSWE-v0", num_envs=1, vectorization_mode="vector_entry_point",
+                        tasks=rows, engine="oracle", install_config=config)
+    for made in (env, envs):
+        [task] = made.unwrapped.tasks
+        assert task.test_cmd == "./tests/runtests.py" and task.log_parser == "pytest"
+        made.close()
+
+
 def test_a_bad_jsonl_line_is_reported_with_its_line_number(tmp_path: Path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps(_swe_rebench_row("a-1")) + "\n{not json\n")

@@ -15,7 +15,7 @@ import pytest
 from support.traces import TOOL_OUTPUT, episode_record, tool_call_segments, write_run
 
 from harness_gym.cli import main
-from harness_gym.trace_view import Tokenizers, load_episodes, load_runs, token_pieces
+from harness_gym.runs.trace_view import Tokenizers, load_episodes, load_runs, token_pieces
 
 PROSE = ("The proxy keeps the exact token ids of every turn, so the trainer sees what the model "
          "sampled. Überprüfung: naïve café, 日本語のテキスト, and an emoji 🚀 survive decoding. ")

@@ -165,7 +165,8 @@ class QuitsAtOnce(HarnessSpec):
 
 def test_one_vector_env_runs_several_harnesses_and_says_which_ran(tiny, tmp_path):
     envs = RecordTraces(DropInfraErrors(make_vec(tiny, num_envs=2, group_size=2,
-                                                 harness=["pi", QuitsAtOnce()])),
+                                                 harness=["pi", QuitsAtOnce()],
+                                                 mix_harnesses=True)),
                         tmp_path, format="jsonl")
     envs.unwrapped.set_policy_version(9)
     try:

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 import pyarrow.parquet as pq
-from harness_gym.trace_view import load_episodes
+from harness_gym.runs.trace_view import load_episodes
 import pytest
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space

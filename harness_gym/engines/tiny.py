@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._cache import build_once
+from ._cache import CACHE_NAMES, build_once
 from .chat_templates import QWEN_TOOL_TEMPLATE
 from .transformers_engine import TransformersEngine
 
-CACHE_NAME = "tiny-v1"  # bump when the recipe below changes
+CACHE_NAME = CACHE_NAMES["tiny"]  # bump it in _cache.py when the recipe changes
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 VOCAB_SIZE = 8192

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..config import EpisodeConfig
 from ..episode import EpisodeRequest, EpisodeResult
-from ..executors import EpisodeExecutor, ExecutorFactory, ExecutorSpec, make_executor
+from ..scaleout.executors import EpisodeExecutor, ExecutorFactory, ExecutorSpec, make_executor
+from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..wrappers import group_advantages
@@ -140,7 +141,7 @@ class HarnessRolloutWorker:
 
     @property
     def _builds_executor(self) -> bool:
-        return isinstance(self._executor_spec, (str, ExecutorFactory))
+        return isinstance(self._executor_spec, (str, RayCluster, ExecutorFactory))
 
     # --- RolloutWorkerProtocol ------------------------------------------------------------
 
@@ -211,11 +212,10 @@ class HarnessRolloutWorker:
         group = _Group(self._next_group, task, self.model_version)
         self._next_group += 1
         self._started_per_version[group.version] += 1
-        harnesses = self.config.harness
         sampling = dict(self.config.sampling)
-        for i in range(self.group_size):
+        for spec in self.config.group_harnesses(group.group_id, self.group_size):
             # No version in the request: each call is labelled with the weights that served it.
-            request = EpisodeRequest(harnesses[i % len(harnesses)].name, task, sampling)
+            request = EpisodeRequest(spec.name, task, sampling)
             group.futures.append(self._executor.submit(request))
         self._running.append(group)
         self._event("group_start", group)

@@ -50,7 +50,7 @@ Where the policy runs:
   trace's p_old.
 - any other engine spec or `Engine` object is passed to the env unchanged (its weights are then
   the caller's business).
-- `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.ray_cluster`; an async trainer
+- `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.scaleout.ray_cluster`; an async trainer
   passes the same value through) runs the episodes on a Ray cluster: the engine must then be a
   spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded here.
 
@@ -74,8 +74,8 @@ import numpy as np
 from ..config import EpisodeConfig
 from ..engines import Engine, load_engine
 from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
-from ..executors import ExecutorSpec, executor_factory
-from ..ray_cluster import RayCluster
+from ..scaleout.executors import ExecutorSpec, executor_factory
+from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment

@@ -14,14 +14,32 @@ is registered there too (setup.cfg), so a third-party backend needs nothing but 
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Any
+
 from ..plugins import load_plugin, plugin_names
 from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
 from .local import UnisolatedSandboxWarning
 
 ENTRY_POINT_GROUP = "harness_gym.sandboxes"
 
+# The backend classes, for settings a name cannot carry (`BwrapSandboxBackend(network="host")`):
+# imported on first use, since the remote ones pull in their SDKs.
+_BACKENDS = {
+    "LocalSandboxBackend": ".local",
+    "BwrapSandboxBackend": ".bwrap",
+    "DockerSandboxBackend": ".docker",
+    "E2BSandboxBackend": ".e2b",
+    "HFSandboxBackend": ".hf",
+}
+
 __all__ = [
+    "BwrapSandboxBackend",
+    "DockerSandboxBackend",
+    "E2BSandboxBackend",
     "ENTRY_POINT_GROUP",
+    "HFSandboxBackend",
+    "LocalSandboxBackend",
     "ExecResult",
     "Job",
     "Sandbox",
@@ -33,6 +51,12 @@ __all__ = [
     "default_sandbox",
     "load_sandbox",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKENDS:
+        return getattr(import_module(_BACKENDS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def available_sandboxes() -> list[str]:

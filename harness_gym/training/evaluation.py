@@ -2,8 +2,11 @@
 
 `run_tasks` runs each task once through a harness (a vector env, `num_envs` episodes at a time),
 records every episode with `RecordTraces` and returns the episodes' infos. `summarize` turns them
-into the figures of one checkpoint: pass@1 with a Wilson interval, mean tool calls on solved
-instances with a bootstrap interval, outcome counts.
+into the figures of one checkpoint: pass@1 with a Wilson interval (one sample per instance) or a
+bootstrap over instances (several: pass@1 is then the mean over each instance's samples), mean
+tool calls on solved episodes with a bootstrap interval, the quit rate (episodes that left the
+repo unchanged), outcome counts. `paired_difference` compares two checkpoints on the same
+instances by a paired bootstrap: the interval that says whether training helped.
 
     >>> s = summarize([{"outcome": "passed", "n_tool_calls": 2}, {"outcome": "passed",
     ...                 "n_tool_calls": 4}, {"outcome": "failed", "n_tool_calls": 9},
@@ -12,6 +15,10 @@ instances with a bootstrap interval, outcome counts.
     (0.6666666666666666, 3, 1, 3.0)
     >>> [round(x, 3) for x in wilson_interval(2, 3)]
     [0.208, 0.939]
+    >>> before = [{"task_id": t, "outcome": "failed"} for t in "abcd"]
+    >>> after = [{"task_id": t, "outcome": "passed" if t in "ab" else "failed"} for t in "abcd"]
+    >>> paired_difference(before, after)["points"]
+    50.0
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ from ..config import EpisodeConfig
 from ..rewards import OUTCOMES
 from ..tasks.task import Task
 
-__all__ = ["EPISODE_FIELDS", "bootstrap_interval", "recorded_episodes", "run_tasks", "summarize",
-           "wilson_interval"]
+__all__ = ["EPISODE_FIELDS", "bootstrap_interval", "instance_pass_rates", "paired_difference",
+           "recorded_episodes", "run_tasks", "summarize", "wilson_interval"]
 
 #: Outcomes that say nothing about the policy (the grader or sandbox failed): left out of pass@1.
 UNSCORED = ("infra_error",)
@@ -62,28 +69,74 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, *,
     return (float(low), float(high))
 
 
+def instance_pass_rates(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each instance's pass rate over its scored samples (`infra_error` ones left out)."""
+    samples: dict[str, list[float]] = {}
+    for e in episodes:
+        if e["outcome"] not in UNSCORED:
+            samples.setdefault(str(e["task_id"]), []).append(float(e["outcome"] == "passed"))
+    return {task: float(np.mean(values)) for task, values in samples.items()}
+
+
+def paired_difference(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]],
+                      confidence: float = 0.95, *, resamples: int = 10_000,
+                      seed: int = 0) -> dict[str, Any]:
+    """pass@1 of `after` minus `before`, in percentage points, over the instances both scored,
+    with a paired bootstrap interval (instances resampled, each keeping both of its rates: the
+    per-instance difficulty cancels, so the interval is far narrower than two unpaired ones)."""
+    a, b = instance_pass_rates(before), instance_pass_rates(after)
+    shared = sorted(a.keys() & b.keys())
+    diffs = [100.0 * (b[t] - a[t]) for t in shared]
+    return {"points": float(np.mean(diffs)) if diffs else 0.0, "n_instances": len(shared),
+            "ci": _listed(bootstrap_interval(diffs, confidence, resamples=resamples, seed=seed)),
+            "confidence": confidence}
+
+
 def summarize(episodes: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """The figures of one evaluation (see the module docstring). pass@1 counts every episode but
-    `infra_error` ones (reported in `outcomes`), each task run once."""
+    `infra_error` ones (reported in `outcomes`); with several samples of an instance it is the
+    mean of the instances' pass rates, its interval a bootstrap over instances (samples of one
+    instance are not independent). An episode without `changed_repo` (or a `patch`) is not
+    counted for the quit rate."""
     outcomes = Counter({name: 0 for name in OUTCOMES})
     outcomes.update(str(e["outcome"]) for e in episodes)
     scored = [e for e in episodes if e["outcome"] not in UNSCORED]
     passed = [e for e in scored if e["outcome"] == "passed"]
     tools_solved = [float(e["n_tool_calls"]) for e in passed]
     n = len(scored)
+    rates = instance_pass_rates(scored) if all("task_id" in e for e in scored) else {}
+    several = bool(rates) and len(rates) < n
+    if several:
+        pass_at_1 = float(np.mean(list(rates.values())))
+        interval = bootstrap_interval(list(rates.values()), confidence) or (0.0, 1.0)
+    else:
+        pass_at_1 = len(passed) / n if n else 0.0
+        interval = wilson_interval(len(passed), n, confidence)
+    changed = [_changed_repo(e) for e in scored]
+    known = [c for c in changed if c is not None]
     return {
         "n_episodes": len(episodes),
         "n_scored": n,
         "n_passed": len(passed),
-        "pass_at_1": len(passed) / n if n else 0.0,
-        "pass_at_1_ci": list(wilson_interval(len(passed), n, confidence)),
+        "n_instances": len(rates) if rates else n,
+        "samples_per_instance": n / len(rates) if rates else 1.0,
+        "pass_at_1": pass_at_1,
+        "pass_at_1_ci": list(interval),
         "tool_calls_solved": float(np.mean(tools_solved)) if tools_solved else None,
         "tool_calls_solved_ci": _listed(bootstrap_interval(tools_solved, confidence)),
         "tool_calls_all": float(np.mean([e["n_tool_calls"] for e in scored])) if scored else None,
+        "quit_rate": (known.count(False) / len(known)) if known else None,
         "outcomes": dict(outcomes),
         "confidence": confidence,
-        "solved_task_ids": sorted(str(e["task_id"]) for e in passed if "task_id" in e),
+        "solved_task_ids": sorted({str(e["task_id"]) for e in passed if "task_id" in e}),
     }
+
+
+def _changed_repo(episode: Mapping[str, Any]) -> bool | None:
+    if episode.get("changed_repo") is not None:
+        return bool(episode["changed_repo"])
+    patch = episode.get("patch")
+    return None if patch is None else bool(str(patch).strip())
 
 
 def run_tasks(
@@ -134,6 +187,7 @@ def run_tasks(
                     "n_llm_calls": int(infos["n_llm_calls"][i]),
                     "duration_s": float(infos["duration_s"][i]),
                     "error": _text(infos, "error", i),
+                    "changed_repo": bool((_text(infos, "patch", i) or "").strip()),
                 }
             bar.update(len(chunk))
             bar.set_postfix_str(summary_line(list(done.values())))
@@ -146,14 +200,14 @@ def run_tasks(
 
 #: The fields of an episode `run_tasks` returns (RecordTraces rows carry them under these names).
 EPISODE_FIELDS = ("task_id", "outcome", "reward", "n_tool_calls", "n_llm_calls", "duration_s",
-                  "error")
+                  "error", "changed_repo")
 
 
 def recorded_episodes(out_dir: str | Path) -> list[dict[str, Any]]:
     """The episodes RecordTraces JSON Lines files under `out_dir` hold (`EPISODE_FIELDS` of each).
 
     A process killed while writing leaves at most a torn last line: it is cut off the file (that
-    row's episode runs again), so the directory stays readable by `harness_gym.sft`."""
+    row's episode runs again), so the directory stays readable by `harness_gym.training.sft`."""
     episodes: list[dict[str, Any]] = []
     directory = Path(out_dir)
     for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
@@ -166,7 +220,9 @@ def recorded_episodes(out_dir: str | Path) -> list[dict[str, Any]]:
                 row = None
             if row is None:
                 break  # a torn write: the last thing the killed process did
-            episodes.append({k: row.get(k) for k in EPISODE_FIELDS})
+            episode = {k: row.get(k) for k in EPISODE_FIELDS}
+            episode["changed_repo"] = _changed_repo(row)
+            episodes.append(episode)
             whole += len(line)
         if whole < len(data):
             with path.open("r+b") as f:

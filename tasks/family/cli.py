@@ -7,17 +7,21 @@ import sys
 from pathlib import Path
 
 
-def add_tasks_command(commands: argparse._SubParsersAction) -> None:
-    """Add the `tasks` command (with `generate` and `validate`) to a parser's subcommands."""
-    tasks = commands.add_parser("tasks", help="generate and validate the task family; mine tasks from real code")
-    _add_actions(tasks)
+def add_tasks_command(
+    commands: argparse._SubParsersAction, parents: list[argparse.ArgumentParser] = ()
+) -> None:
+    """Add the `tasks` command (with `generate` and `validate`) to a parser's subcommands;
+    `parents` hold the options every command takes (`--debug`)."""
+    tasks = commands.add_parser("tasks", parents=list(parents),
+                                help="generate and validate the task family, mine tasks")
+    _add_actions(tasks, list(parents))
 
 
-def _add_actions(parser: argparse.ArgumentParser) -> None:
+def _add_actions(parser: argparse.ArgumentParser, parents: list[argparse.ArgumentParser]) -> None:
     actions = parser.add_subparsers(dest="tasks_command", required=True)
 
     generate = actions.add_parser(
-        "generate", help="write the family's train and held-out splits as task directories")
+        "generate", parents=parents, help="write the family's train and held-out splits as task directories")
     generate.add_argument("--out", required=True, help="new directory for OUT/train, OUT/heldout")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--train", type=int, default=200, help="training tasks")
@@ -28,7 +32,7 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
     generate.set_defaults(handler=_generate)
 
     validate = actions.add_parser(
-        "validate", help="gold patch passes, unfixed repo fails F2P, P2P passes (cached)")
+        "validate", parents=parents, help="gold patch passes, unfixed repo fails F2P, P2P passes (cached)")
     validate.add_argument("directory", help="a split directory (OUT/train) or the family (OUT)")
     validate.add_argument("--sandbox", default="local")
     validate.add_argument("--runs", type=int, default=1, help="gold-patch runs per task")
@@ -36,7 +40,7 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
 
     from ..mine.cli import add_make_action
 
-    add_make_action(actions)
+    add_make_action(actions, parents)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -73,6 +77,6 @@ def _validate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness_gym.tasks.family")
-    _add_actions(parser)
+    _add_actions(parser, [])
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.handler(args)

@@ -69,7 +69,7 @@ class Story:
         import gymnasium as gym
 
         import harness_gym  # noqa: F401
-        from harness_gym.ray_cluster import RayCluster
+        from harness_gym.scaleout.ray_cluster import RayCluster
 
         timeouts = deadline or {"episode_timeout_s": 120.0, "test_timeout_s": 60.0,
                                 "deadline_margin_s": 60.0}
@@ -132,7 +132,7 @@ class Story:
 
     def leftovers(self, node: RayNode) -> dict[str, list]:
         """What runners left on a node: workspace dirs, and processes living in them."""
-        from harness_gym.runner_workspace import RUNNERS_DIR, workspace_pids
+        from harness_gym.scaleout.runner_workspace import RUNNERS_DIR, workspace_pids
 
         base = node.tmp / RUNNERS_DIR
         dirs = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
@@ -191,7 +191,7 @@ class Story:
         fact = {"reset_s": time.monotonic() - started, "runner_nodes": self.runner_nodes("B")}
         self.facts["share"] = fact
         # A third env asking for the same slot: A and B hold both rollout slots of a and b.
-        from harness_gym.ray_placement import RayPlacementError
+        from harness_gym.scaleout.ray_placement import RayPlacementError
 
         started = time.monotonic()
         try:
@@ -270,7 +270,7 @@ class Story:
         code = textwrap.dedent("""
             import json, os, sys
             import gymnasium as gym, harness_gym
-            from harness_gym.ray_cluster import RayCluster
+            from harness_gym.scaleout.ray_cluster import RayCluster
             envs = gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point",
                                 num_envs=1, harness="pi", engine="oracle", progress=False,
                                 executor=RayCluster(address=sys.argv[1], poll_s=1.0,

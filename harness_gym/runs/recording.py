@@ -21,8 +21,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .env import HarnessSWEEnv
-from .proxy import CallProgress
+from ..env import HarnessSWEEnv
+from ..proxy import CallProgress
 
 
 @dataclass

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .proxy.detokenize import IncrementalDetokenizer
-from .trace import normalize_segment
+from ..proxy.detokenize import IncrementalDetokenizer
+from ..trace import normalize_segment
 
 # p_old buckets for colouring sampled tokens: (lower bound on p, css class, terminal style).
 LOGPROB_BUCKETS = (
@@ -148,13 +148,13 @@ def select(episodes: Sequence[Episode], number: int | None) -> list[Episode]:
 def load_tokenizer(spec: str = "tiny") -> Any:
     """`tiny`, `smollm2`, `hf:PATH`, or a local tokenizer/model directory."""
     if spec == "tiny":
-        from .engines.tiny import load_tiny_tokenizer
+        from ..engines.tiny import load_tiny_tokenizer
 
         return load_tiny_tokenizer()
     from transformers import AutoTokenizer
 
     if spec == "smollm2":
-        from .engines.smollm2 import smollm2_model_dir
+        from ..engines.smollm2 import smollm2_model_dir
 
         spec = str(smollm2_model_dir())
     path = Path(spec.removeprefix("hf:")).expanduser()

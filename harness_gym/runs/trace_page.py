@@ -7,7 +7,7 @@ tool calls the model wrote are boxed, and what the proxy inserted (tool results,
 loss_mask 0) is a grey block. No network, no external assets: the file can be mailed around.
 From Python::
 
-    from harness_gym.trace_view import Tokenizers, load_runs
+    from harness_gym.runs.trace_view import Tokenizers, load_runs
     page = render_html(load_runs(["runs/episodes-x.jsonl"]), Tokenizers())
 """
 

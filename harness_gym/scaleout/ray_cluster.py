@@ -1,6 +1,6 @@
 """`RayCluster`: where a vector env's episodes run on Ray, and how the executor treats the cluster.
 
-The user's side of `harness_gym.ray_executor`: which cluster, which nodes (labels, resources),
+The user's side of `ray_executor` (which imports this record, never the other way): which cluster, which nodes (labels, resources),
 what each node runner asks for, and the executor's clocks. A plain frozen record, so it can be
 built, checked and passed around (the TRL integration, an async trainer) without Ray installed.
 
@@ -19,13 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .config import EpisodeConfig
+from ..config import EpisodeConfig
 from .ray_placement import check_actor_options
-
-if TYPE_CHECKING:
-    from .ray_executor import RayEpisodeExecutor
 
 
 @dataclass(frozen=True)
@@ -68,12 +65,6 @@ class RayCluster:
                              "and retry_s not negative")
         if self.max_reruns < 0:
             raise ValueError(f"max_reruns must be >= 0, got {self.max_reruns}")
-
-    def start(self, config: EpisodeConfig, *, max_workers: int) -> RayEpisodeExecutor:
-        """The executor for an env: `max_workers` episodes at most at once on one node."""
-        from .ray_executor import RayEpisodeExecutor
-
-        return RayEpisodeExecutor(config, max_episodes_per_node=max_workers, cluster=self)
 
     def deadline_s(self, config: EpisodeConfig) -> float:
         """How long an episode sent to a node may take before it is an `infra_error`."""

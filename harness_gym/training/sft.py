@@ -1,6 +1,6 @@
 """Warm start from traces: supervised fine-tuning on the exact tokens a CLI exchanged.
 
-    from harness_gym.sft import load_episodes, sft_rows, train_sft
+    from harness_gym.training.sft import load_episodes, sft_rows, train_sft
 
     episodes = load_episodes("runs/")              # RecordTraces / `harness-gym run` files
     rows = sft_rows(episodes)                      # passing episodes' agent segments
@@ -189,7 +189,7 @@ def sft_trainer(
     from trl import SFTTrainer
 
     if frozen_prefix:
-        from .training.trainers import FrozenPrefixSFTTrainer as SFTTrainer
+        from .trainers import FrozenPrefixSFTTrainer as SFTTrainer
 
     dataset = rows if isinstance(rows, Dataset) else sft_dataset(rows)
     dataset = dataset.select_columns(["input_ids", "labels"])

@@ -5,7 +5,7 @@ On a cluster (not run as a doctest: it needs Ray nodes and a vLLM server; tests/
 runs it on a real multi-node cluster on one machine; docs/scale-out.md is the how-to)::
 
     import gymnasium as gym, harness_gym
-    from harness_gym.ray_executor import RayCluster
+    from harness_gym.scaleout.ray_executor import RayCluster
     envs = gym.make_vec("HarnessSWE-v0", num_envs=64, vectorization_mode="vector_entry_point",
                         harness="pi", engine="vllm:http://10.0.0.5:8000", group_size=8,
                         executor=RayCluster(address="auto",
@@ -15,11 +15,11 @@ runs it on a real multi-node cluster on one machine; docs/scale-out.md is the ho
     envs.close()                                     # kills the actors; disconnects from Ray
 
 `executor="ray"` is `RayCluster()` (a local cluster, or `ray_address=` to join one); see
-`harness_gym.ray_cluster` for every choice.
+`harness_gym.scaleout.ray_cluster` for every choice.
 
 Why one actor per node and not one Ray task per episode: an episode is a CLI subprocess that
 talks HTTP to a proxy on loopback, and a proxy is worth starting once, not per episode; see
-`harness_gym.node_runner`. The engine travels as a spec string and each runner loads it itself:
+`harness_gym.scaleout.node_runner`. The engine travels as a spec string and each runner loads it itself:
 on a real cluster `vllm:URL`, so every node samples from the servers the trainer updates. A task's
 `repo_dir` must exist at the same path on every node (an installed package, a shared
 filesystem); JSONL rows run in container images and need nothing local.
@@ -29,7 +29,7 @@ What the executor does, on one thread of its own (every change of state happens 
 
 - **Placement.** Every `poll_s` it reads `ray.nodes()` and the nodes' free resources and starts a
   runner on each alive node that carries `node_labels` and has the runner's resources
-  (`actor_options`, default one CPU) free now (`harness_gym.ray_placement`). A busy node is
+  (`actor_options`, default one CPU) free now (`harness_gym.scaleout.ray_placement`). A busy node is
   left to the env holding it; with no node able to take a runner within `start_timeout_s`,
   start-up fails with `RayPlacementError`, saying node by node what is missing.
 - **Membership.** A runner whose node left the cluster, whose actor died, or which did not get
@@ -68,9 +68,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .config import EpisodeConfig
-from .engines import Engine
-from .episode import EpisodeRequest, EpisodeResult
+from ..config import EpisodeConfig
+from ..engines import Engine
+from ..episode import EpisodeRequest, EpisodeResult
 from .node_runner import NodeRunner
 from .ray_cluster import EpisodePlacement, RayCluster
 from .ray_placement import NodeFit, RayPlacementError, fit_nodes, placement_report, runner_demand
@@ -128,7 +128,7 @@ class _Runner:
 class RayEpisodeExecutor:
     """Runs episodes on one `NodeRunner` actor per suitable node; see the module docstring.
 
-    An `EpisodeExecutor` (`harness_gym.executors`): `submit()` answers a
+    An `EpisodeExecutor` (`harness_gym.scaleout.executors`): `submit()` answers a
     `concurrent.futures.Future` of an `EpisodeResult`, as the thread executor does. The
     constructor returns once the runners it started are ready (or failed, if one is ready).
     """

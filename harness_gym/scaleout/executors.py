@@ -2,20 +2,19 @@
 
 `HarnessVectorEnv` hands every episode of a step to an executor and gathers the futures; it does
 not know where they run. `ThreadEpisodeExecutor` runs them on threads in this process around one
-`EpisodeStack` (one engine, one proxy); `harness_gym.ray_executor.RayEpisodeExecutor` runs them
-on Ray actors, one stack per node. Both are built from the same `EpisodeConfig`.
+`EpisodeStack` (one engine, one proxy); `ray_executor.RayEpisodeExecutor` runs them on Ray actors, one stack per node. Both are built from the same `EpisodeConfig`.
 
 Which one an env uses is an `ExecutorFactory`, named by the env's `executor=` argument:
-`"threads"` (`LocalThreads()`), `"ray"` (`harness_gym.ray_cluster.RayCluster()`), or a factory
-object itself (`RayCluster(address=..., actor_options=..., node_labels=...)`, or anything with
-a `start(config, *, max_workers)` method). Code that builds envs on a user's behalf (the TRL
+`"threads"` (`LocalThreads()`), `"ray"` (`RayCluster()`: a local cluster), a
+`RayCluster(address=..., actor_options=..., node_labels=...)` (every Ray setting lives there), or
+anything with a `start(config, *, max_workers)` method. Code that builds envs on a user's behalf (the TRL
 integration, a trainer) takes the same value and passes it through.
 
-    >>> from harness_gym.ray_cluster import RayCluster
+    >>> from harness_gym import RayCluster
     >>> executor_factory("threads")
     LocalThreads()
-    >>> executor_factory("ray", ray_address="auto").address
-    'auto'
+    >>> executor_factory("ray") == RayCluster()
+    True
     >>> executor_factory(RayCluster(address="auto")) == RayCluster(address="auto")
     True
 """
@@ -27,9 +26,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .config import EpisodeConfig
-from .engines import Engine
-from .episode import EpisodeRequest, EpisodeResult, EpisodeStack
+from ..config import EpisodeConfig
+from ..engines import Engine
+from ..episode import EpisodeRequest, EpisodeResult, EpisodeStack
+from .ray_cluster import RayCluster
 
 ExecutorName = Literal["threads", "ray"]
 
@@ -89,49 +89,48 @@ class LocalThreads:
         return ThreadEpisodeExecutor(config, max_workers=max_workers)
 
 
-ExecutorSpec = ExecutorName | ExecutorFactory
+ExecutorSpec = ExecutorName | RayCluster | ExecutorFactory
+
+# Ray settings have one home, `RayCluster`; these keywords once sat beside `executor=`.
+_RAY_KEYWORDS = {"ray_address": "address", "ray_init": "init_kwargs",
+                 "ray_actor_options": "actor_options"}
 
 
-def executor_factory(
-    executor: ExecutorSpec,
-    *,
-    ray_address: str | None = None,
-    ray_init: Mapping[str, Any] | None = None,
-    ray_actor_options: Mapping[str, Any] | None = None,
-) -> ExecutorFactory:
-    """The factory an env's `executor=` names. The `ray_*` shorthands fill a `RayCluster` for
-    `executor="ray"`; with a factory object, set them on the object instead."""
-    shorthands = {"ray_address": ray_address, "ray_init": ray_init,
-                  "ray_actor_options": ray_actor_options}
-    given = sorted(k for k, v in shorthands.items() if v is not None)
-    if executor == "ray":
-        from .ray_cluster import RayCluster
-
-        return RayCluster(address=ray_address, init_kwargs=dict(ray_init or {}),
-                          actor_options=dict(ray_actor_options or {}))
+def reject_ray_keywords(settings: Mapping[str, Any]) -> None:
+    """A clear error for the retired `ray_*` keywords, naming the `RayCluster` field to use."""
+    given = [k for k in _RAY_KEYWORDS if k in settings]
     if given:
-        raise ValueError(
-            f"{', '.join(given)} apply to executor='ray' only; with a RayCluster, set them on it "
-            "(RayCluster(address=..., init_kwargs=..., actor_options=...))")
+        fields = ", ".join(f"{_RAY_KEYWORDS[k]}=..." for k in given)
+        raise TypeError(f"{', '.join(given)}: Ray settings go on the cluster record, "
+                        f"executor=RayCluster({fields}) (from harness_gym import RayCluster)")
+
+
+def executor_factory(executor: ExecutorSpec) -> ExecutorFactory | RayCluster:
+    """The factory an env's `executor=` names: "threads", "ray" (`RayCluster()`, a local
+    cluster), a `RayCluster(...)`, or any object with `start(config, *, max_workers)`."""
     if executor == "threads":
         return LocalThreads()
-    if isinstance(executor, ExecutorFactory) and not isinstance(executor, str):
+    if executor == "ray":
+        return RayCluster()
+    if isinstance(executor, (RayCluster, ExecutorFactory)) and not isinstance(executor, str):
         return executor
-    raise ValueError(f"executor is 'threads', 'ray' or an ExecutorFactory such as "
-                     f"harness_gym.ray_cluster.RayCluster(...), got {executor!r}")
+    raise ValueError(f"executor is 'threads', 'ray', a RayCluster(...) or an ExecutorFactory, "
+                     f"got {executor!r}")
 
 
-def make_executor(
-    executor: ExecutorSpec,
-    config: EpisodeConfig,
-    *,
-    max_workers: int,
-    ray_address: str | None = None,
-    ray_init: Mapping[str, Any] | None = None,
-    ray_actor_options: Mapping[str, Any] | None = None,
-) -> EpisodeExecutor:
-    """A started executor, for code that runs episodes without a vector env (an async rollout
-    worker): `executor` and the `ray_*` shorthands as `executor_factory` takes them."""
-    factory = executor_factory(executor, ray_address=ray_address, ray_init=ray_init,
-                               ray_actor_options=ray_actor_options)
+def start_executor(factory: ExecutorFactory | RayCluster, config: EpisodeConfig, *,
+                   max_workers: int) -> EpisodeExecutor:
+    """Starts what `executor_factory` answered; `max_workers` episodes at most at once (on one
+    node, for Ray). Ray is imported only here, when a cluster is really used."""
+    if isinstance(factory, RayCluster):
+        from .ray_executor import RayEpisodeExecutor
+
+        return RayEpisodeExecutor(config, max_episodes_per_node=max_workers, cluster=factory)
     return factory.start(config, max_workers=max_workers)
+
+
+def make_executor(executor: ExecutorSpec, config: EpisodeConfig, *,
+                  max_workers: int) -> EpisodeExecutor:
+    """A started executor, for code that runs episodes without a vector env (an async rollout
+    worker)."""
+    return start_executor(executor_factory(executor), config, max_workers=max_workers)

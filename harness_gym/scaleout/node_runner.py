@@ -11,7 +11,7 @@ Two things only a runner on its node can do:
   long poll that also serves as the runner's heartbeat), the keys of the episodes whose proxy
   session has seen a call. When the node is lost, the executor re-runs the episodes that had
   none (nothing of the policy was spent on them) and reports the others as `infra_error`.
-- **Leave nothing behind.** Its files live in a `RunnerWorkspace` (`harness_gym.runner_workspace`)
+- **Leave nothing behind.** Its files live in a `RunnerWorkspace` (`harness_gym.scaleout.runner_workspace`)
   whose guard kills its CLIs and removes the directory when the runner's process dies, however
   it dies; starting a runner reaps what dead runners left on the node.
 """
@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any
 
-from .config import EpisodeConfig
-from .episode import EpisodeRequest, EpisodeResult, EpisodeStack
-from .proxy.sessions import ProxySession
+from ..config import EpisodeConfig
+from ..episode import EpisodeRequest, EpisodeResult, EpisodeStack
+from ..proxy.sessions import ProxySession
 from .runner_workspace import RunnerWorkspace
 
 WATCH_TICK_S = 0.1  # how often a watch looks at its sessions
