@@ -68,14 +68,39 @@ def args(tmp_path, **overrides: Any) -> AsyncGRPOConfig:
     return AsyncGRPOConfig(**settings)
 
 
-def generated_segment(engine, text: str, version: int, max_tokens: int = 8) -> dict[str, Any]:
-    """A trace segment of one real generation of the tiny engine."""
+def generated_segment(engine, text: str, version: int, max_tokens: int = 8,
+                      **sampling: Any) -> dict[str, Any]:
+    """A trace segment of one real generation of the tiny engine, its sampling recorded as
+    the proxy records it."""
     prompt = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
-    out = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=max_tokens, seed=0)))
+    params = SamplingParams(max_tokens=max_tokens, seed=0, **sampling)
+    out = asyncio.run(engine.generate(prompt, params))
     return {"role": "agent", "prompt_ids": list(prompt), "response_ids": out.token_ids,
             "loss_mask": [1] * len(out.token_ids), "response_logprobs": out.logprobs,
-            "policy_version": version, "policy_versions": [version]}
+            "policy_version": version, "policy_versions": [version], "call_starts": [0],
+            **recorded(params)}
+
+
+def recorded(*calls: SamplingParams) -> dict[str, list[Any]]:
+    return {"sampling_temperature": [c.temperature for c in calls],
+            "sampling_top_p": [c.top_p for c in calls], "sampling_top_k": [c.top_k for c in calls]}
+
+
+def two_call_segment(engine, first: SamplingParams, second: SamplingParams) -> dict[str, Any]:
+    """One segment of two calls sampled differently, a tool result inserted between them."""
+    segment = generated_segment(engine, "two calls", version=1, max_tokens=first.max_tokens,
+                                temperature=first.temperature, top_p=first.top_p,
+                                top_k=first.top_k)
+    inserted = engine.tokenizer.encode("\ntool says ok\n", add_special_tokens=False)
+    prompt2 = segment["prompt_ids"] + segment["response_ids"] + inserted
+    out = asyncio.run(engine.generate(prompt2, second))
+    start2 = len(segment["response_ids"])
+    segment["response_ids"] += inserted + out.token_ids
+    segment["loss_mask"] += [0] * len(inserted) + [1] * len(out.token_ids)
+    segment["response_logprobs"] += [0.0] * len(inserted) + out.logprobs
+    segment.update(policy_versions=[1, 1], call_starts=[0, start2], **recorded(first, second))
+    return segment
 
 
 # --- why a loop of our own ----------------------------------------------------------------
@@ -166,6 +191,80 @@ def test_only_agent_segments_with_sampled_tokens_are_trained_unless_auxiliary_is
     assert [s.input_ids.tolist() for s in both] == [
         agent["prompt_ids"] + agent["response_ids"],
         auxiliary["prompt_ids"] + auxiliary["response_ids"]]
+
+
+# --- re-scoring as sampled ----------------------------------------------------------------
+
+
+def test_each_token_is_rescored_under_the_sampling_its_call_recorded(tiny, tmp_path):
+    from trl.trainer.utils import selective_log_softmax
+
+    segments = [
+        generated_segment(tiny, "warm", version=1, max_tokens=12, temperature=0.7),
+        generated_segment(tiny, "truncated", version=1, max_tokens=12, temperature=0.7,
+                          top_p=0.9, top_k=20),
+        two_call_segment(tiny, SamplingParams(max_tokens=8, temperature=0.7, seed=1),
+                         SamplingParams(max_tokens=8, temperature=1.3, top_k=50, seed=2)),
+    ]
+    samples = [s for seg in segments
+               for s in segment_samples([seg], advantage=1.0, group_id=0, reward=1.0)]
+    assert samples[2].call_spans[1].temperature == 1.3 and samples[1].call_spans[0].top_k == 20
+    model = tiny_model()
+    transfer = EngineWeightTransfer.serving_copy(model, tiny.tokenizer)
+    # The config's temperature is 1.0 (TRL's default); the samples were drawn at 0.7 and 1.3.
+    config = args(tmp_path, max_steps=1, per_device_train_batch_size=len(samples))
+    assert config.temperature == 1.0
+    loop = AsyncGRPOLoop(model, config, ReadySamples(samples), transfer)
+    try:
+        loop.train()
+    finally:
+        transfer.engine.close()
+    (first,) = loop.log_history
+    # Step 1 trains the weights that sampled: every ratio is 1 (p_old re-scored exactly).
+    assert abs(first["policy/ratio_max"] - 1) < 1e-4 and abs(first["policy/ratio_min"] - 1) < 1e-4
+    # What the config's temperature would have made of the first sample: a biased ratio.
+    ids = torch.as_tensor(samples[0].input_ids)[None]
+    n = len(segments[0]["prompt_ids"])
+    with torch.no_grad():
+        logits = tiny_model()(input_ids=ids).logits[:, n - 1:-1]
+    at_config_t = selective_log_softmax(logits.float(), ids[:, n:], config.temperature)
+    old = torch.as_tensor(samples[0].old_log_probs[n:])
+    assert float((at_config_t[0] - old).abs().max()) > 0.05
+
+
+def test_a_sampled_token_whose_sampling_was_not_recorded_is_refused(tiny, tmp_path):
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from harness_gym.integrations.rescore import UnscorableSample
+
+    unrecorded = dict(generated_segment(tiny, "no record", version=1),
+                      sampling_temperature=[None])
+    with pytest.raises(UnscorableSample, match="records no sampling"):
+        segment_samples([unrecorded], advantage=1.0, group_id=0, reward=1.0)
+    no_offsets = dict(generated_segment(tiny, "no offsets", version=1), call_starts=[None])
+    with pytest.raises(UnscorableSample, match="call_starts"):
+        segment_samples([no_offsets], advantage=1.0, group_id=0, reward=1.0)
+    # A call that only inserted tokens (no sampled ones) needs no record.
+    segment = two_call_segment(tiny, SamplingParams(max_tokens=6, temperature=0.7),
+                               SamplingParams(max_tokens=6))
+    segment["loss_mask"][segment["call_starts"][1]:] = [0] * (
+        len(segment["loss_mask"]) - segment["call_starts"][1])
+    segment["sampling_temperature"][1] = None
+    (sample,) = segment_samples([segment], advantage=1.0, group_id=0, reward=1.0)
+    assert len(sample.call_spans) == 1
+    # A sample from elsewhere (TRL's own worker) carries no spans: the loop refuses it.
+    (made,) = segment_samples([generated_segment(tiny, "plain", version=1)], advantage=1.0,
+                              group_id=0, reward=1.0)
+    plain = RolloutSample(**{f.name: getattr(made, f.name) for f in dataclasses.fields(RolloutSample)})
+    model = tiny_model()
+    transfer = EngineWeightTransfer.serving_copy(model, tiny.tokenizer)
+    loop = AsyncGRPOLoop(model, args(tmp_path, max_steps=1, per_device_train_batch_size=1),
+                         ReadySamples([plain]), transfer)
+    try:
+        with pytest.raises(UnscorableSample, match="no record of how its tokens were sampled"):
+            loop.train()
+    finally:
+        transfer.engine.close()
 
 
 # --- staleness ----------------------------------------------------------------------------
@@ -270,7 +369,7 @@ def pi_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         model, tokenizer, model_name="tiny", tokenizer_source="tiny").engine)
     worker = HarnessRolloutWorker(
         "builtin", group_size=2, groups_in_flight=2, harness="pi", engine=served.engine,
-        sampling={"max_tokens": 32, "temperature": 1.0}, episode_timeout_s=180,
+        sampling={"max_tokens": 32, "temperature": 0.7}, episode_timeout_s=180,
         reward_fn=alternating_rewards)
     loop = AsyncGRPOLoop(model, args(tmp_path_factory.mktemp("async"), max_steps=3), worker,
                          served)
@@ -320,7 +419,8 @@ def test_the_served_weights_change_at_every_version(pi_run):
 
 @pytest.mark.slow
 def test_fresh_samples_p_old_is_the_trainers_own_rescore(pi_run):
-    first = pi_run["loop"].log_history[0]  # version 1: the engine's copy is the trainer's model
+    # Version 1: the engine's copy is the trainer's model; sampled at 0.7, the config says 1.0.
+    first = pi_run["loop"].log_history[0]
     assert first["staleness/lag_0_total"] == 2
     assert abs(first["policy/ratio_max"] - 1) < 1e-4 and abs(first["policy/ratio_min"] - 1) < 1e-4
 

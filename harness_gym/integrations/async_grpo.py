@@ -26,6 +26,7 @@ CPU, where that trainer cannot run, `AsyncGRPOLoop`, which drives the same two p
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -45,6 +46,7 @@ from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..wrappers import group_advantages
+from .rescore import CallSpan, call_spans
 
 log = logging.getLogger(__name__)
 
@@ -296,17 +298,16 @@ def segment_samples(
     `trace.SEGMENT_SCHEMA`): `input_ids` = prompt + response, `completion_mask` = 0 over the
     prompt then the segment's `loss_mask`, `old_log_probs` = 0.0 over the prompt then its p_old
     (TRL's layout: position p holds token p's logprob), `model_version` its oldest serving
-    version. A segment is trainable when its role is `agent` (or `auxiliary` with
+    version, `call_spans` each call's sampling (raises `UnscorableSample` where a sampled
+    token's call recorded none). A segment is trainable when its role is `agent` (or `auxiliary` with
     `train_auxiliary`) and it holds at least one sampled token."""
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
     roles = TRAINED_ROLES if train_auxiliary else TRAINED_ROLES[:1]
     samples = []
     for segment in trace:
         if segment["role"] not in roles or not any(segment["loss_mask"]):
             continue
         prompt, n = list(segment["prompt_ids"]), len(segment["prompt_ids"])
-        samples.append(RolloutSample(
+        samples.append(harness_sample_class()(
             prompt=[], completion=[],  # messages: the trace holds token ids only
             input_ids=np.asarray(prompt + list(segment["response_ids"]), dtype=np.int64),
             completion_mask=np.asarray([0] * n + list(segment["loss_mask"]), dtype=np.int64),
@@ -316,8 +317,23 @@ def segment_samples(
             model_version=int(segment["policy_version"]),
             group_id=int(group_id),
             metrics={"reward": float(reward), "rollout/passed": float(passed)},
+            call_spans=call_spans(segment),
         ))
     return samples
+
+
+@functools.cache
+def harness_sample_class() -> type:
+    """TRL's `RolloutSample` plus the sampling of each call (`call_spans`, see
+    `integrations/rescore.py`), so the trainer re-scores each token as it was drawn. Built on
+    first use: this module imports without TRL."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    @dataclass(slots=True)
+    class HarnessSample(RolloutSample):
+        call_spans: tuple[CallSpan, ...] = ()
+
+    return HarnessSample
 
 
 def _dropped(result: EpisodeResult) -> bool:

@@ -24,6 +24,12 @@ served the token, summed over the micro-batch's trained tokens and divided by th
 It reads its settings from TRL's `AsyncGRPOConfig`, so a run moves to `AsyncGRPOTrainer`
 unchanged.
 
+Each token is re-scored under the sampling its call recorded in the trace (temperature, top-k,
+top-p, per call: `integrations/rescore.py`), not the config's `temperature`: the worker samples
+with its own `sampling=`, and a ratio against p_old of another distribution is biased. A sample
+that cannot be re-scored exactly (a call with no recorded sampling) stops the run with
+`UnscorableSample`.
+
 Staleness (`stale=`): a sample whose oldest serving version lags the trainer by more than
 `args.max_staleness` updates is `"drop"`ped (as `AsyncGRPOTrainer` does), or kept with
 importance weights (`"weight"`): its tokens are weighted by `min(pi_current / p_old, C)`
@@ -46,6 +52,7 @@ from typing import Any, Literal
 import torch
 
 from ..wrappers import is_stale
+from .rescore import UnscorableSample, rescored_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ class AsyncGRPOLoop:
     `model` is the trainer's model (its own tensors; the engine has a copy that the transfer
     updates). `args` is TRL's `AsyncGRPOConfig`; read: `max_steps`, `per_device_train_batch_size`,
     `gradient_accumulation_steps`, `learning_rate`, `adam_*`, `weight_decay`, `max_grad_norm`,
-    `epsilon`, `epsilon_high`, `temperature`, `max_staleness`, `weight_sync_steps`,
+    `epsilon`, `epsilon_high`, `max_staleness`, `weight_sync_steps`,
     `heartbeat_stale_after_s`, `logging_steps`, `seed`. `log_history` holds one dict per step;
     `events` the step and sync times (the worker's `events` hold the episodes').
 
@@ -207,9 +214,12 @@ class AsyncGRPOLoop:
 
     def _sample_loss(self, taken: _Taken) -> torch.Tensor:
         """The sum of a sample's per-token losses (`grpo_token_loss`) over its trained tokens."""
-        from trl.trainer.utils import selective_log_softmax
-
         sample = taken.sample
+        spans = getattr(sample, "call_spans", None)
+        if not spans:
+            raise UnscorableSample(
+                "a sample without call_spans (not made by segment_samples) carries no record of "
+                "how its tokens were sampled: its p_old cannot be matched exactly")
         ids = torch.as_tensor(sample.input_ids, dtype=torch.long)[None]
         mask = torch.as_tensor(sample.completion_mask, dtype=torch.float32)[None]
         old = torch.as_tensor(sample.old_log_probs, dtype=torch.float32)[None]
@@ -217,10 +227,11 @@ class AsyncGRPOLoop:
         # prompt runs to thousands of tokens, its sampled answers to a few dozen.
         keep = ids.shape[1] - int(sample.completion_mask.argmax()) + 1
         logits = self.model(input_ids=ids, logits_to_keep=keep).logits[:, :-1]
-        # Token p is scored from position p-1's logits, at the temperature it was sampled with.
-        targets = slice(ids.shape[1] - keep + 1, None)
-        logps = selective_log_softmax(logits.float(), ids[:, targets], self.args.temperature)
-        mask, old = mask[:, targets], old[:, targets]
+        # Token p is scored from position p-1's logits, under the sampling its call drew it
+        # with (temperature, top-k, top-p; `integrations/rescore.py`), not the config's.
+        first = ids.shape[1] - keep + 1
+        logps = rescored_logprobs(logits[0], ids[0, first:], spans, first)[None]
+        mask, old = mask[:, first:], old[:, first:]
         per_token = grpo_token_loss(
             logps, old, torch.tensor([[sample.advantage]], dtype=torch.float32),
             torch.tensor([[taken.weighted]]), epsilon=self.args.epsilon,
