@@ -108,6 +108,7 @@ class HarnessRolloutWorker:
         queue_maxsize: int = 1024,
         max_groups_per_version: int | None = None,
         seed: int = 0,
+        stop_timeout_s: float = 60.0,
         **settings: Any,
     ) -> None:
         if group_size < 1 or groups_in_flight < 1:
@@ -124,6 +125,7 @@ class HarnessRolloutWorker:
         self.reward_fn = reward_fn
         self.on_group = on_group
         self.max_groups_per_version = max_groups_per_version
+        self.stop_timeout_s = float(stop_timeout_s)
         self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=4096)
         self.model_version = 0
@@ -162,14 +164,49 @@ class HarnessRolloutWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop starting groups; wait for the running episodes (their results are discarded)
-        and release the executor this worker built. Idempotent."""
+        """Stop starting groups and end the episodes in flight now, then release the executor
+        this worker built. Its running episodes are stopped (`stop_running`: the CLI killed, the
+        sandbox closed, an `infra_error` within about a second, not at `episode_timeout_s`);
+        their results are discarded, and a `group_stopped` event records their outcomes.
+        Waits at most `stop_timeout_s` for them before closing (and says so if they overran).
+        A caller's executor is left running its episodes. Idempotent."""
         self._stop.set()
+        executor = self._executor
+        if executor is not None and self._builds_executor:
+            stop_running = getattr(executor, "stop_running", None)
+            if stop_running is not None:
+                stop_running()
         if self._thread is not None:
             self._thread.join()
-        executor, self._executor = self._executor, None
+        running, self._running = self._running, []
+        if executor is not None and self._builds_executor:
+            futures = [f for group in running for f in group.futures]
+            _, overran = wait(futures, timeout=self.stop_timeout_s)
+            if overran:
+                log.warning("%d episodes did not end within %.0fs of stop(); waiting for them",
+                            len(overran), self.stop_timeout_s)
+        self._executor = None
         if executor is not None and self._builds_executor:
             executor.close()
+        for group in running:
+            outcomes = [_outcome(f) for f in group.futures]
+            self.counts.update(episodes_stopped=len(outcomes))
+            self._event("group_stopped", group, outcomes=outcomes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on as this one would have: the task sampler's RNG,
+        the group counter and the counts (groups in flight are not kept: after a resume their
+        tasks are drawn afresh). JSON-serialisable."""
+        return {"next_group": self._next_group, "counts": dict(self.counts),
+                "rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`; before `start()`."""
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict() goes before start()")
+        self._next_group = int(state["next_group"])
+        self.counts = Counter(state["counts"])
+        self._rng.bit_generator.state = state["rng"]
 
     def update_model_version(self, model_version: int) -> None:
         self.model_version = int(model_version)
@@ -196,10 +233,11 @@ class HarnessRolloutWorker:
                 else:  # capped: nothing runs until the trainer's next version
                     self._stop.wait(0.1)
                 for group in [g for g in self._running if all(f.done() for f in g.futures)]:
+                    if self._stop.is_set():  # stop() accounts for the groups left
+                        break
                     self._running.remove(group)
-                    if not self._stop.is_set():
-                        self._finish_group(group)
-        except BaseException as exc:  # noqa: BLE001 - reported by check_health
+                    self._finish_group(group)
+        except BaseException as exc:
             self._error = exc
             log.exception("the rollout worker failed")
 
@@ -334,6 +372,13 @@ def harness_sample_class() -> type:
         call_spans: tuple[CallSpan, ...] = ()
 
     return HarnessSample
+
+
+def _outcome(future: Future[EpisodeResult]) -> str:
+    """A stopped group's episode: its outcome, or `not_started` (cancelled in the queue)."""
+    if future.cancelled():
+        return "not_started"
+    return future.result().outcome if future.done() else "still_running"
 
 
 def _dropped(result: EpisodeResult) -> bool:
