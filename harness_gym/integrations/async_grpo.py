@@ -80,7 +80,8 @@ class HarnessRolloutWorker:
     `reward_fn(results)` may replace a group's rewards (default: each episode's test-gated
     reward). `on_group(results, samples)` sees each finished group before its samples are
     queued (to record traces, say). `max_groups_per_version` caps the groups started while the
-    trainer is at one version (None: no cap); `per_device_train_batch_size // group_size` makes
+    trainer is at one version (None: no cap; a group that yields fewer samples than episodes
+    gives its slot back, so the step still gets its samples); `per_device_train_batch_size // group_size` makes
     the synchronous schedule (each step's rollouts start after the previous step, on its
     weights), the control `benchmarks/async_vs_sync.py` runs on the same loop. `events` logs every group start and end with the trainer's
     version at the time.
@@ -237,7 +238,7 @@ class HarnessRolloutWorker:
                         break
                     self._running.remove(group)
                     self._finish_group(group)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by check_health
             self._error = exc
             log.exception("the rollout worker failed")
 
@@ -279,6 +280,10 @@ class HarnessRolloutWorker:
                     versions=[[s.policy_versions for s in r.trace.segments] for r in results])
         if self.on_group is not None:
             self.on_group(results, samples)
+        if self.max_groups_per_version is not None and len(samples) < len(results):
+            # Short of a sample per episode (one dropped, or without a trainable segment): the
+            # slot goes back, or a capped schedule would wait forever for its step's samples.
+            self._started_per_version[group.version] -= 1
         lags = Counter(self.model_version - s.model_version for s in samples)
         self._push(samples)
         n = len(results)
