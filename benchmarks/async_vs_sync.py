@@ -1,7 +1,8 @@
 """The same GRPO training budget, synchronous vs asynchronous, side by side in one run.
 
-    python benchmarks/async_vs_sync.py [--steps 4] [--batch 4] [--group 2] [--max-staleness 2]
-                                       [--cores split,shared]
+    python benchmarks/async_vs_sync.py [--steps 20] [--batch 4] [--group 2] [--max-staleness 2]
+                                       [--cores split] [--async-groups N] [--json FILE]
+    python benchmarks/async_vs_sync.py --quick     # 2 steps, batch 2, shared cores: a smoke
 
 Both paths train the tiny model on real Pi episodes of the built-in tasks, `--batch` rollouts
 per optimiser step in GRPO groups of `--group`, 32 tokens per model call:
@@ -13,8 +14,10 @@ per optimiser step in GRPO groups of `--group`, 32 tokens per model call:
   GRPOTrainer's step costs more than our loop's (it pads the batch; ours forwards one sample at
   a time from its first trained token), and that difference is not asynchrony.
 - async: `AsyncGRPOLoop` with `HarnessRolloutWorker` (`integrations/async_loop.py`); episodes run
-  all the time, `max_staleness * batch` of them in flight (TRL's `max_inflight_tasks` rule), and
-  the optimiser takes samples as they come.
+  all the time and the optimiser takes samples as they come. With the same episodes in flight
+  as the other two (`batch`, the default), so the comparison is of asynchrony alone, not of a
+  head start; `--async-groups N` runs N groups at once instead (TRL's `max_inflight_tasks` rule
+  would be `max_staleness * batch / group`), reported with its count.
 
 Where the work runs (`--cores`, each mode runs both paths):
 
@@ -27,11 +30,13 @@ Where the work runs (`--cores`, each mode runs both paths):
   from one to the other (measured under load: 0.87x of the lockstep control, 0.39-1.21x of
   sync in three runs).
 
-Reported per path, over the steady state (from the end of step 1 to the end of the last step,
-so engine, proxy and CLI start-up are left out): optimiser steps per hour and the optimiser's
-idle fraction (time waiting for rollouts / wall time). Rewards alternate 1, 0 within a group
-(the tiny model fails every task alike), so every step has a gradient; this does not change the
-timing.
+Reported per path, over the whole run, from the start of training (engine, proxy and CLI
+start-up included: a run pays them) to the end of its last optimiser step: `steps`,
+`whole_run_steps_per_hour`, `episodes` finished by then and `episodes_per_hour`, and the
+optimiser's idle fraction (time waiting for rollouts / that span); also the steady state (end of
+step 1 to the end of the last) for reference. At least 20 steps make a measurement (fewer
+print a warning). Rewards alternate 1, 0 within a group (the tiny model fails every task alike),
+so every step has a gradient; this does not change the timing.
 """
 
 from __future__ import annotations
@@ -138,11 +143,29 @@ def placement(mode: str) -> Iterator[None]:
         yield
 
 
-def steady_state(step_ends: list[float], idle_s: list[float]) -> dict[str, float]:
-    """Steps/hour and idle fraction from step 2 on; `idle_s[i]` is step i+1's waiting time."""
-    span = step_ends[-1] - step_ends[0]
-    return {"steps_per_hour": 3600 * (len(step_ends) - 1) / span,
-            "optimizer_idle_frac": sum(idle_s[1:]) / span, "steady_state_s": span}
+MEASURED_STEPS = 20  # fewer steps: start-up and one slow episode dominate
+
+
+def whole_run(started: float, step_ends: list[float], idle_s: list[float],
+              episode_ends: list[float]) -> dict[str, Any]:
+    """A path's figures from `started` to its last step's end (monotonic times); `idle_s[i]`
+    is step i+1's time waiting for rollouts, `episode_ends` when each episode finished.
+
+        >>> r = whole_run(0.0, [600.0, 1200.0], [500.0, 400.0], [300.0, 300.0, 900.0, 1500.0])
+        >>> r["whole_run_steps_per_hour"], r["episodes"], r["episodes_per_hour"], r["steps"]
+        (6.0, 3, 9.0, 2)
+        >>> r["optimizer_idle_frac"], r["steady_state_steps_per_hour"]
+        (0.75, 6.0)
+    """
+    span = step_ends[-1] - started
+    episodes = sum(t <= step_ends[-1] for t in episode_ends)
+    steady = step_ends[-1] - step_ends[0]
+    return {"steps": len(step_ends), "whole_run_s": span,
+            "whole_run_steps_per_hour": 3600 * len(step_ends) / span,
+            "episodes": episodes, "episodes_per_hour": 3600 * episodes / span,
+            "optimizer_idle_frac": sum(idle_s) / span,
+            "steady_state_steps_per_hour": 3600 * (len(step_ends) - 1) / steady if steady
+            else None}
 
 
 def run_sync(args: argparse.Namespace, workdir: str) -> dict[str, float]:
@@ -155,6 +178,7 @@ def run_sync(args: argparse.Namespace, workdir: str) -> dict[str, float]:
                                 episode_timeout_s=300)
     rollout_s: list[float] = []
     step_ends: list[float] = []
+    episode_ends: list[float] = []
 
     def timed_rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         started = time.monotonic()
@@ -162,6 +186,7 @@ def run_sync(args: argparse.Namespace, workdir: str) -> dict[str, float]:
             return rollout(prompts, trainer)
         finally:
             rollout_s.append(time.monotonic() - started)
+            episode_ends.extend([time.monotonic()] * len(prompts))  # a batch ends together
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, *a: Any, **kw: Any) -> None:
@@ -181,7 +206,8 @@ def run_sync(args: argparse.Namespace, workdir: str) -> dict[str, float]:
         trainer.train()
     finally:
         rollout.close()
-    return {**steady_state(step_ends, rollout_s), "wall_s": time.monotonic() - started}
+    return {**whole_run(started, step_ends, rollout_s, episode_ends),
+            "episodes_in_flight": args.batch}
 
 
 def run_async(args: argparse.Namespace, workdir: str, *, lockstep: bool = False
@@ -197,7 +223,8 @@ def run_async(args: argparse.Namespace, workdir: str, *, lockstep: bool = False
                                                  tokenizer_source="tiny")
     per_step = args.batch // args.group
     # Lockstep: one step's groups per version, started after the step before (the sync schedule).
-    in_flight = per_step if lockstep else max(args.max_staleness, 1) * per_step
+    # Async: as many in flight (no head start), unless --async-groups says otherwise.
+    in_flight = per_step if lockstep else (args.async_groups or per_step)
     worker = HarnessRolloutWorker(
         "builtin", group_size=args.group, groups_in_flight=in_flight, harness="pi",
         max_groups_per_version=per_step if lockstep else None,
@@ -207,7 +234,7 @@ def run_async(args: argparse.Namespace, workdir: str, *, lockstep: bool = False
     config = AsyncGRPOConfig(
         output_dir=workdir, max_steps=args.steps, per_device_train_batch_size=args.batch,
         learning_rate=1e-3, max_staleness=args.max_staleness, use_cpu=True, report_to="none",
-        save_strategy="no", bf16=False, seed=0)
+        save_strategy="no", bf16=False, seed=0, logging_steps=1)
     loop = AsyncGRPOLoop(model, config, worker, transfer)
     started = time.monotonic()
     try:
@@ -216,47 +243,68 @@ def run_async(args: argparse.Namespace, workdir: str, *, lockstep: bool = False
         transfer.engine.close()
     step_ends = [e["time"] for e in loop.events if e["kind"] == "step_end"]
     waits = [entry["perf/rollout_wait_s"] for entry in loop.log_history]
-    dropped = sum(entry.get("staleness/dropped_total", 0) for entry in loop.log_history)
-    return {**steady_state(step_ends, waits), "wall_s": time.monotonic() - started,
-            "episodes_in_flight": in_flight * args.group, "dropped_stale": dropped}
+    episode_ends = [e["time"] for e in worker.events if e["kind"] == "group_end"
+                    for _ in range(args.group)]
+    return {**whole_run(started, step_ends, waits, episode_ends),
+            "episodes_in_flight": in_flight * args.group,
+            "dropped_stale": loop.counts["dropped_stale"]}
 
 
 def report(mode: str, result: dict[str, Any]) -> None:
     print(f"cores {mode} (load average {result['load_average_after'][0]:.1f} at its end):")
     for name in ("sync", "lockstep", "async"):
         r = result[name]
-        print(f"  {name:>8}: {r['steps_per_hour']:7.1f} steps/h   optimiser idle "
-              f"{100 * r['optimizer_idle_frac']:5.1f} %   steady state "
-              f"{r['steady_state_s']:.0f} s of {r['wall_s']:.0f} s")
-    print(f"  async / sync steps per hour: {result['speedup']:.2f}x   async / lockstep "
-          f"(same loop and loss): {result['speedup_same_loop']:.2f}x", flush=True)
+        print(f"  {name:>8}: {r['whole_run_steps_per_hour']:7.1f} steps/h, "
+              f"{r['episodes_per_hour']:7.1f} episodes/h over the whole run ({r['steps']} steps, "
+              f"{r['episodes']} episodes, {r['episodes_in_flight']} in flight, "
+              f"{r['whole_run_s']:.0f} s); optimiser idle {100 * r['optimizer_idle_frac']:5.1f} %")
+    print(f"  whole run, async / sync steps per hour: {result['speedup']:.2f}x   async / "
+          f"lockstep (same loop and loss): {result['speedup_same_loop']:.2f}x", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="optimiser steps per path (>= 2)")
+    parser.add_argument("--steps", type=int, default=MEASURED_STEPS,
+                        help=f"optimiser steps per path (>= {MEASURED_STEPS} to measure)")
     parser.add_argument("--batch", type=int, default=4, help="rollouts (samples) per step")
     parser.add_argument("--group", type=int, default=2, help="GRPO group size")
     parser.add_argument("--max-staleness", type=int, default=2)
-    parser.add_argument("--cores", default="split,shared",
+    parser.add_argument("--async-groups", type=int, default=None,
+                        help="groups in flight on the async path (default batch / group: the "
+                             "same episodes in flight as the other paths)")
+    parser.add_argument("--cores", default="split",
                         help="placements to run, comma-separated: split, shared")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 2 steps, batch 2, group 2, shared cores")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    if args.steps < 2 or args.batch % args.group:
-        parser.error("--steps must be >= 2 and --batch a multiple of --group")
+    if args.quick:
+        args.steps, args.batch, args.group, args.cores = 2, 2, 2, "shared"
+    if args.steps < 1 or args.batch % args.group:
+        parser.error("--steps must be >= 1 and --batch a multiple of --group")
+    if args.async_groups is not None and args.async_groups < 1:
+        parser.error("--async-groups must be positive")
     modes = args.cores.split(",")
     if not set(modes) <= {"split", "shared"}:
         parser.error("--cores takes split and/or shared")
-    results: dict[str, Any] = {"load_average_before": os.getloadavg()}
+    if args.steps < MEASURED_STEPS:
+        print(f"warning: {args.steps} steps per path is a smoke run, not a measurement "
+              f"(>= {MEASURED_STEPS})", flush=True)
+    results: dict[str, Any] = {
+        "settings": {"steps": args.steps, "batch": args.batch, "group": args.group,
+                     "max_staleness": args.max_staleness, "async_groups": args.async_groups,
+                     "cores": modes, "cpu_count": os.cpu_count()},
+        "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="async-vs-sync-") as workdir:
         for mode in modes:
             with placement(mode):
                 sync = run_sync(args, os.path.join(workdir, mode, "sync"))
                 lock = run_async(args, os.path.join(workdir, mode, "lockstep"), lockstep=True)
                 asyn = run_async(args, os.path.join(workdir, mode, "async"))
+            rate = "whole_run_steps_per_hour"
             results[mode] = {"sync": sync, "lockstep": lock, "async": asyn,
-                             "speedup": asyn["steps_per_hour"] / sync["steps_per_hour"],
-                             "speedup_same_loop": asyn["steps_per_hour"] / lock["steps_per_hour"],
+                             "speedup": asyn[rate] / sync[rate],
+                             "speedup_same_loop": asyn[rate] / lock[rate],
                              "load_average_after": os.getloadavg()}
             report(mode, results[mode])
     print(f"(batch {args.batch}, group {args.group}, {args.steps} steps, max_staleness "

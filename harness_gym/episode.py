@@ -45,7 +45,11 @@ from .trace import SessionTrace
 
 log = logging.getLogger(__name__)
 
-_WATCH_INTERVAL_S = 0.25  # how often a running episode checks for a refused first prompt
+_WATCH_INTERVAL_S = 0.25  # how often a running episode checks for a refused first prompt or a stop
+
+
+class EpisodeStopped(RuntimeError):
+    """The episode was stopped from outside (`EpisodeStack.stop_running`): an `infra_error`."""
 
 TASK_INSTRUCTION = (
     "\n\nResolve the issue above by editing the repository in the current directory. "
@@ -162,6 +166,8 @@ class EpisodeRunner:
         self.config = config
         self._repos = Path(tempfile.mkdtemp(prefix="harness-gym-repos-"))
         self._repo_lock = threading.Lock()
+        # Set by the stack's owner to end every running episode now (a trainer stopping).
+        self.stopping = threading.Event()
 
     def repo_for(self, task: Task) -> Path:
         """The task's base repository, materialized once per runner and copied per rollout."""
@@ -220,6 +226,8 @@ class EpisodeRunner:
         graded: GradeResult | None = None
         trace = SessionTrace()
         try:
+            if self.stopping.is_set():
+                raise EpisodeStopped("stopped before it started")
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
             session = self.proxy.open_session(policy_version, sampling, config.context_overflow,
@@ -231,9 +239,12 @@ class EpisodeRunner:
                 engine.max_context, self._output_cap(session.sampling),
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
-            run = _wait_unless_it_cannot_start(job, session.trace, config.episode_timeout_s)
+            run = _wait_unless_it_cannot_start(job, session.trace, config.episode_timeout_s,
+                                               self.stopping)
             # Nothing the agent started may still run while the grader works (invariant 7).
             sandbox.kill_processes()
+            if self.stopping.is_set():
+                raise EpisodeStopped("stopped while its harness ran (its trainer stopped)")
             output = self.harness.read_output(run)
             self.harness.check_first_prompt(session.trace.first_prompt_overflowed)
             broken = sandbox.fault or (
@@ -257,7 +268,8 @@ class EpisodeRunner:
         except Exception as exc:  # every episode ends with an outcome; ours failed, not the model
             outcome, error = "infra_error", f"{type(exc).__name__}: {exc}"
             log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id, error,
-                        exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError)))
+                        exc_info=not isinstance(exc, (SandboxError, HarnessError, OSError,
+                                                      EpisodeStopped)))
         finally:
             if session is not None:
                 trace = session.trace.snapshot()
@@ -339,6 +351,12 @@ class EpisodeStack:
         return runner.run(request.task, sampling=request.sampling,
                           policy_version=request.policy_version, on_session=on_session)
 
+    def stop_running(self) -> None:
+        """End every episode running on this stack within about `_WATCH_INTERVAL_S` (its CLI
+        killed, its sandbox closed: an `infra_error`), and every later one before it starts."""
+        for runner in self.runners.values():
+            runner.stopping.set()
+
     def close(self) -> None:
         """Release everything the stack started. Idempotent."""
         runners, self.runners = list(self.runners.values()), {}
@@ -355,10 +373,13 @@ class EpisodeStack:
             backend.close()
 
 
-def _wait_unless_it_cannot_start(job: Job, trace: SessionTrace, timeout_s: float) -> ExecResult:
+def _wait_unless_it_cannot_start(
+    job: Job, trace: SessionTrace, timeout_s: float, stopping: threading.Event | None = None
+) -> ExecResult:
     """`job.wait(timeout_s)`, but the CLI is stopped as soon as the proxy refused its very first
     prompt as too long for the model: it cannot work in this context, and left alone it compacts
-    or retries until the timeout (measured: OpenCode in SmolLM2's 8,192 tokens, 900 s)."""
+    or retries until the timeout (measured: OpenCode in SmolLM2's 8,192 tokens, 900 s); and as
+    soon as `stopping` is set."""
     done: list[ExecResult | BaseException] = []
 
     def wait() -> None:
@@ -372,6 +393,9 @@ def _wait_unless_it_cannot_start(job: Job, trace: SessionTrace, timeout_s: float
     while waiter.is_alive():
         waiter.join(_WATCH_INTERVAL_S)
         if waiter.is_alive() and trace.first_prompt_overflowed is not None:
+            job.kill()
+            waiter.join()
+        if waiter.is_alive() and stopping is not None and stopping.is_set():
             job.kill()
             waiter.join()
     if isinstance(done[0], BaseException):

@@ -9,7 +9,6 @@ and vLLM at the wire) is `test_weight_transfer.py`.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import itertools
@@ -27,9 +26,14 @@ import torch
 pytest.importorskip("trl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+from support.async_samples import (
+    ReadySamples,
+    args,
+    generated_segment,
+    tiny_model,
+    two_call_segment,
+)
 from support.weights import weights_digest
-from transformers import AutoModelForCausalLM
-from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_grpo_trainer import (
     RolloutWorkerProtocol,
     WeightTransferProtocol,
@@ -42,7 +46,6 @@ from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir
 from harness_gym.episode import EpisodeResult
 from harness_gym.integrations.async_grpo import (
     HarnessRolloutWorker,
-    RolloutWorkerError,
     segment_samples,
 )
 from harness_gym.integrations.async_loop import AsyncGRPOLoop, grpo_token_loss
@@ -54,28 +57,6 @@ def tiny():
     engine = load_engine("tiny")
     yield engine
     engine.close()
-
-
-def tiny_model() -> Any:
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
-
-
-def args(tmp_path, **overrides: Any) -> AsyncGRPOConfig:
-    settings = dict(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
-                    learning_rate=1e-2, max_staleness=1, use_cpu=True, report_to="none",
-                    save_strategy="no", bf16=False, seed=0)
-    settings.update(overrides)
-    return AsyncGRPOConfig(**settings)
-
-
-def generated_segment(engine, text: str, version: int, max_tokens: int = 8) -> dict[str, Any]:
-    """A trace segment of one real generation of the tiny engine."""
-    prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False)
-    out = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=max_tokens, seed=0)))
-    return {"role": "agent", "prompt_ids": list(prompt), "response_ids": out.token_ids,
-            "loss_mask": [1] * len(out.token_ids), "response_logprobs": out.logprobs,
-            "policy_version": version, "policy_versions": [version]}
 
 
 # --- why a loop of our own ----------------------------------------------------------------
@@ -168,28 +149,81 @@ def test_only_agent_segments_with_sampled_tokens_are_trained_unless_auxiliary_is
         auxiliary["prompt_ids"] + auxiliary["response_ids"]]
 
 
+# --- re-scoring as sampled ----------------------------------------------------------------
+
+
+def test_each_token_is_rescored_under_the_sampling_its_call_recorded(tiny, tmp_path):
+    from trl.trainer.utils import selective_log_softmax
+
+    segments = [
+        generated_segment(tiny, "warm", version=1, max_tokens=12, temperature=0.7),
+        generated_segment(tiny, "truncated", version=1, max_tokens=12, temperature=0.7,
+                          top_p=0.9, top_k=20),
+        two_call_segment(tiny, SamplingParams(max_tokens=8, temperature=0.7, seed=1),
+                         SamplingParams(max_tokens=8, temperature=1.3, top_k=50, seed=2)),
+    ]
+    samples = [s for seg in segments
+               for s in segment_samples([seg], advantage=1.0, group_id=0, reward=1.0)]
+    assert samples[2].call_spans[1].temperature == 1.3 and samples[1].call_spans[0].top_k == 20
+    model = tiny_model()
+    transfer = EngineWeightTransfer.serving_copy(model, tiny.tokenizer)
+    # The config's temperature is 1.0 (TRL's default); the samples were drawn at 0.7 and 1.3.
+    config = args(tmp_path, max_steps=1, per_device_train_batch_size=len(samples))
+    assert config.temperature == 1.0
+    loop = AsyncGRPOLoop(model, config, ReadySamples(samples), transfer)
+    try:
+        loop.train()
+    finally:
+        transfer.engine.close()
+    (first,) = loop.log_history
+    # Step 1 trains the weights that sampled: every ratio is 1 (p_old re-scored exactly).
+    assert abs(first["policy/ratio_max"] - 1) < 1e-4 and abs(first["policy/ratio_min"] - 1) < 1e-4
+    # What the config's temperature would have made of the first sample: a biased ratio.
+    ids = torch.as_tensor(samples[0].input_ids)[None]
+    n = len(segments[0]["prompt_ids"])
+    with torch.no_grad():
+        logits = tiny_model()(input_ids=ids).logits[:, n - 1:-1]
+    at_config_t = selective_log_softmax(logits.float(), ids[:, n:], config.temperature)
+    old = torch.as_tensor(samples[0].old_log_probs[n:])
+    assert float((at_config_t[0] - old).abs().max()) > 0.05
+
+
+def test_a_sampled_token_whose_sampling_was_not_recorded_is_refused(tiny, tmp_path):
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from harness_gym.integrations.rescore import UnscorableSample
+
+    unrecorded = dict(generated_segment(tiny, "no record", version=1),
+                      sampling_temperature=[None])
+    with pytest.raises(UnscorableSample, match="records no sampling"):
+        segment_samples([unrecorded], advantage=1.0, group_id=0, reward=1.0)
+    no_offsets = dict(generated_segment(tiny, "no offsets", version=1), call_starts=[None])
+    with pytest.raises(UnscorableSample, match="call_starts"):
+        segment_samples([no_offsets], advantage=1.0, group_id=0, reward=1.0)
+    # A call that only inserted tokens (no sampled ones) needs no record.
+    segment = two_call_segment(tiny, SamplingParams(max_tokens=6, temperature=0.7),
+                               SamplingParams(max_tokens=6))
+    segment["loss_mask"][segment["call_starts"][1]:] = [0] * (
+        len(segment["loss_mask"]) - segment["call_starts"][1])
+    segment["sampling_temperature"][1] = None
+    (sample,) = segment_samples([segment], advantage=1.0, group_id=0, reward=1.0)
+    assert len(sample.call_spans) == 1
+    # A sample from elsewhere (TRL's own worker) carries no spans: the loop refuses it.
+    (made,) = segment_samples([generated_segment(tiny, "plain", version=1)], advantage=1.0,
+                              group_id=0, reward=1.0)
+    plain = RolloutSample(**{f.name: getattr(made, f.name) for f in dataclasses.fields(RolloutSample)})
+    model = tiny_model()
+    transfer = EngineWeightTransfer.serving_copy(model, tiny.tokenizer)
+    loop = AsyncGRPOLoop(model, args(tmp_path, max_steps=1, per_device_train_batch_size=1),
+                         ReadySamples([plain]), transfer)
+    try:
+        with pytest.raises(UnscorableSample, match="no record of how its tokens were sampled"):
+            loop.train()
+    finally:
+        transfer.engine.close()
+
+
 # --- staleness ----------------------------------------------------------------------------
-
-
-class ReadySamples:
-    """A rollout worker whose samples are ready (real tiny-model generations with chosen
-    versions), so the staleness rule meets exactly the lags a test names."""
-
-    def __init__(self, samples: list[Any]) -> None:
-        self.rollout_buffer: queue.Queue[Any] = queue.Queue()
-        for sample in samples:
-            self.rollout_buffer.put(sample)
-        self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.versions: list[int] = []
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-    def update_model_version(self, model_version: int) -> None:
-        self.versions.append(model_version)
-
-    def check_health(self, stale_after_s: float) -> None:
-        raise RolloutWorkerError("no more samples")
 
 
 def staleness_run(tiny, tmp_path, stale: str) -> tuple[AsyncGRPOLoop, ReadySamples]:
@@ -270,7 +304,7 @@ def pi_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         model, tokenizer, model_name="tiny", tokenizer_source="tiny").engine)
     worker = HarnessRolloutWorker(
         "builtin", group_size=2, groups_in_flight=2, harness="pi", engine=served.engine,
-        sampling={"max_tokens": 32, "temperature": 1.0}, episode_timeout_s=180,
+        sampling={"max_tokens": 32, "temperature": 0.7}, episode_timeout_s=180,
         reward_fn=alternating_rewards)
     loop = AsyncGRPOLoop(model, args(tmp_path_factory.mktemp("async"), max_steps=3), worker,
                          served)
@@ -320,7 +354,8 @@ def test_the_served_weights_change_at_every_version(pi_run):
 
 @pytest.mark.slow
 def test_fresh_samples_p_old_is_the_trainers_own_rescore(pi_run):
-    first = pi_run["loop"].log_history[0]  # version 1: the engine's copy is the trainer's model
+    # Version 1: the engine's copy is the trainer's model; sampled at 0.7, the config says 1.0.
+    first = pi_run["loop"].log_history[0]
     assert first["staleness/lag_0_total"] == 2
     assert abs(first["policy/ratio_max"] - 1) < 1e-4 and abs(first["policy/ratio_min"] - 1) < 1e-4
 

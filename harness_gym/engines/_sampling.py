@@ -10,29 +10,37 @@ tokens for the same seed whatever device the model runs on.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .base import SamplingParams
 
+if TYPE_CHECKING:
+    from ..trace import CallSampling
 
-def processed_logprobs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-    """Log-probabilities (1-D, float32) of the distribution `sampling` draws from."""
+
+def processed_logprobs(logits: torch.Tensor, sampling: SamplingParams | CallSampling
+                       ) -> torch.Tensor:
+    """Log-probabilities (float32, over the last dimension) of the distribution `sampling`
+    draws from. The trainer re-scores with this same function (`integrations/rescore.py`), so
+    its logprobs are the sampler's by construction; it is differentiable in `logits`."""
     scores = logits.float()
     if sampling.temperature == 0:
         return torch.log_softmax(scores, dim=-1)
     scores = scores / sampling.temperature
     vocab = scores.shape[-1]
     if 0 < sampling.top_k < vocab:
-        kth_best = torch.topk(scores, sampling.top_k).values[-1]
+        kth_best = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, float("-inf"))
     if sampling.top_p < 1.0:
         # vLLM's rule: drop the least likely tokens whose total mass stays within 1 - top_p,
         # always keeping the most likely one.
-        ascending, order = torch.sort(scores)
+        ascending, order = torch.sort(scores, dim=-1)
         cumulative = torch.softmax(ascending, dim=-1).cumsum(dim=-1)
         drop = cumulative <= 1.0 - sampling.top_p
-        drop[-1] = False
-        scores = scores.scatter(0, order, ascending.masked_fill(drop, float("-inf")))
+        drop[..., -1] = False
+        scores = scores.scatter(-1, order, ascending.masked_fill(drop, float("-inf")))
     return torch.log_softmax(scores, dim=-1)
 
 

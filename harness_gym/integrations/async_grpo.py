@@ -26,6 +26,7 @@ CPU, where that trainer cannot run, `AsyncGRPOLoop`, which drives the same two p
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -45,6 +46,7 @@ from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..wrappers import group_advantages
+from .rescore import CallSpan, call_spans
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,8 @@ class HarnessRolloutWorker:
     `reward_fn(results)` may replace a group's rewards (default: each episode's test-gated
     reward). `on_group(results, samples)` sees each finished group before its samples are
     queued (to record traces, say). `max_groups_per_version` caps the groups started while the
-    trainer is at one version (None: no cap); `per_device_train_batch_size // group_size` makes
+    trainer is at one version (None: no cap; a group that yields fewer samples than episodes
+    gives its slot back, so the step still gets its samples); `per_device_train_batch_size // group_size` makes
     the synchronous schedule (each step's rollouts start after the previous step, on its
     weights), the control `benchmarks/async_vs_sync.py` runs on the same loop. `events` logs every group start and end with the trainer's
     version at the time.
@@ -106,6 +109,7 @@ class HarnessRolloutWorker:
         queue_maxsize: int = 1024,
         max_groups_per_version: int | None = None,
         seed: int = 0,
+        stop_timeout_s: float = 60.0,
         **settings: Any,
     ) -> None:
         if group_size < 1 or groups_in_flight < 1:
@@ -122,6 +126,7 @@ class HarnessRolloutWorker:
         self.reward_fn = reward_fn
         self.on_group = on_group
         self.max_groups_per_version = max_groups_per_version
+        self.stop_timeout_s = float(stop_timeout_s)
         self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=4096)
         self.model_version = 0
@@ -160,14 +165,49 @@ class HarnessRolloutWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop starting groups; wait for the running episodes (their results are discarded)
-        and release the executor this worker built. Idempotent."""
+        """Stop starting groups and end the episodes in flight now, then release the executor
+        this worker built. Its running episodes are stopped (`stop_running`: the CLI killed, the
+        sandbox closed, an `infra_error` within about a second, not at `episode_timeout_s`);
+        their results are discarded, and a `group_stopped` event records their outcomes.
+        Waits at most `stop_timeout_s` for them before closing (and says so if they overran).
+        A caller's executor is left running its episodes. Idempotent."""
         self._stop.set()
+        executor = self._executor
+        if executor is not None and self._builds_executor:
+            stop_running = getattr(executor, "stop_running", None)
+            if stop_running is not None:
+                stop_running()
         if self._thread is not None:
             self._thread.join()
-        executor, self._executor = self._executor, None
+        running, self._running = self._running, []
+        if executor is not None and self._builds_executor:
+            futures = [f for group in running for f in group.futures]
+            _, overran = wait(futures, timeout=self.stop_timeout_s)
+            if overran:
+                log.warning("%d episodes did not end within %.0fs of stop(); waiting for them",
+                            len(overran), self.stop_timeout_s)
+        self._executor = None
         if executor is not None and self._builds_executor:
             executor.close()
+        for group in running:
+            outcomes = [_outcome(f) for f in group.futures]
+            self.counts.update(episodes_stopped=len(outcomes))
+            self._event("group_stopped", group, outcomes=outcomes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on as this one would have: the task sampler's RNG,
+        the group counter and the counts (groups in flight are not kept: after a resume their
+        tasks are drawn afresh). JSON-serialisable."""
+        return {"next_group": self._next_group, "counts": dict(self.counts),
+                "rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`; before `start()`."""
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict() goes before start()")
+        self._next_group = int(state["next_group"])
+        self.counts = Counter(state["counts"])
+        self._rng.bit_generator.state = state["rng"]
 
     def update_model_version(self, model_version: int) -> None:
         self.model_version = int(model_version)
@@ -194,9 +234,10 @@ class HarnessRolloutWorker:
                 else:  # capped: nothing runs until the trainer's next version
                     self._stop.wait(0.1)
                 for group in [g for g in self._running if all(f.done() for f in g.futures)]:
+                    if self._stop.is_set():  # stop() accounts for the groups left
+                        break
                     self._running.remove(group)
-                    if not self._stop.is_set():
-                        self._finish_group(group)
+                    self._finish_group(group)
         except BaseException as exc:  # noqa: BLE001 - reported by check_health
             self._error = exc
             log.exception("the rollout worker failed")
@@ -238,6 +279,10 @@ class HarnessRolloutWorker:
                     versions=[[s.policy_versions for s in r.trace.segments] for r in results])
         if self.on_group is not None:
             self.on_group(results, samples)
+        if self.max_groups_per_version is not None and len(samples) < len(results):
+            # Short of a sample per episode (one dropped, or without a trainable segment): the
+            # slot goes back, or a capped schedule would wait forever for its step's samples.
+            self._started_per_version[group.version] -= 1
         lags = Counter(self.model_version - s.model_version for s in samples)
         self._push(samples)
         n = len(results)
@@ -295,17 +340,16 @@ def segment_samples(
     `trace.SEGMENT_SCHEMA`): `input_ids` = prompt + response, `completion_mask` = 0 over the
     prompt then the segment's `loss_mask`, `old_log_probs` = 0.0 over the prompt then its p_old
     (TRL's layout: position p holds token p's logprob), `model_version` its oldest serving
-    version. A segment is trainable when its role is `agent` (or `auxiliary` with
+    version, `call_spans` each call's sampling (raises `UnscorableSample` where a sampled
+    token's call recorded none). A segment is trainable when its role is `agent` (or `auxiliary` with
     `train_auxiliary`) and it holds at least one sampled token."""
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
     roles = TRAINED_ROLES if train_auxiliary else TRAINED_ROLES[:1]
     samples = []
     for segment in trace:
         if segment["role"] not in roles or not any(segment["loss_mask"]):
             continue
         prompt, n = list(segment["prompt_ids"]), len(segment["prompt_ids"])
-        samples.append(RolloutSample(
+        samples.append(harness_sample_class()(
             prompt=[], completion=[],  # messages: the trace holds token ids only
             input_ids=np.asarray(prompt + list(segment["response_ids"]), dtype=np.int64),
             completion_mask=np.asarray([0] * n + list(segment["loss_mask"]), dtype=np.int64),
@@ -315,8 +359,30 @@ def segment_samples(
             model_version=int(segment["policy_version"]),
             group_id=int(group_id),
             metrics={"reward": float(reward), "rollout/passed": float(passed)},
+            call_spans=call_spans(segment),
         ))
     return samples
+
+
+@functools.cache
+def harness_sample_class() -> type:
+    """TRL's `RolloutSample` plus the sampling of each call (`call_spans`, see
+    `integrations/rescore.py`), so the trainer re-scores each token as it was drawn. Built on
+    first use: this module imports without TRL."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    @dataclass(slots=True)
+    class HarnessSample(RolloutSample):
+        call_spans: tuple[CallSpan, ...] = ()
+
+    return HarnessSample
+
+
+def _outcome(future: Future[EpisodeResult]) -> str:
+    """A stopped group's episode: its outcome, or `not_started` (cancelled in the queue)."""
+    if future.cancelled():
+        return "not_started"
+    return future.result().outcome if future.done() else "still_running"
 
 
 def _dropped(result: EpisodeResult) -> bool:

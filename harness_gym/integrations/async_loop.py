@@ -24,6 +24,12 @@ served the token, summed over the micro-batch's trained tokens and divided by th
 It reads its settings from TRL's `AsyncGRPOConfig`, so a run moves to `AsyncGRPOTrainer`
 unchanged.
 
+Each token is re-scored under the sampling its call recorded in the trace (temperature, top-k,
+top-p, per call: `integrations/rescore.py`), not the config's `temperature`: the worker samples
+with its own `sampling=`, and a ratio against p_old of another distribution is biased. A sample
+that cannot be re-scored exactly (a call with no recorded sampling) stops the run with
+`UnscorableSample`.
+
 Staleness (`stale=`): a sample whose oldest serving version lags the trainer by more than
 `args.max_staleness` updates is `"drop"`ped (as `AsyncGRPOTrainer` does), or kept with
 importance weights (`"weight"`): its tokens are weighted by `min(pi_current / p_old, C)`
@@ -36,16 +42,21 @@ stale sample's gradient. Counts go to the log (`staleness/dropped_total`,
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from ..wrappers import is_stale
+from .checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
+from .rescore import UnscorableSample, rescored_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +81,18 @@ class AsyncGRPOLoop:
     `model` is the trainer's model (its own tensors; the engine has a copy that the transfer
     updates). `args` is TRL's `AsyncGRPOConfig`; read: `max_steps`, `per_device_train_batch_size`,
     `gradient_accumulation_steps`, `learning_rate`, `adam_*`, `weight_decay`, `max_grad_norm`,
-    `epsilon`, `epsilon_high`, `temperature`, `max_staleness`, `weight_sync_steps`,
-    `heartbeat_stale_after_s`, `logging_steps`, `seed`. `log_history` holds one dict per step;
-    `events` the step and sync times (the worker's `events` hold the episodes').
+    `epsilon`, `epsilon_high`, `max_staleness`, `weight_sync_steps`,
+    `heartbeat_stale_after_s`, `logging_steps`, `seed`, the LR schedule (`lr_scheduler_type`,
+    `warmup_steps`/`warmup_ratio`, `lr_scheduler_kwargs`) and checkpointing (`save_strategy`,
+    `save_steps`, `save_total_limit`, `output_dir`). `log_history` holds one dict per step;
+    `events` the step and sync times (the worker's `events` hold the episodes'); `counts` the
+    run's totals (`samples_trained`, `dropped_stale`, `weighted_stale`).
+
+    `train(resume_from_checkpoint=True)` (or a checkpoint's path) goes on from the newest
+    `output_dir/checkpoint-<step>`: the weights, the optimiser and scheduler state, the step,
+    the policy version (the first sync after the resume re-labels the same version), the
+    counters, the log, the RNGs and the worker's state (`state_dict()`, where it has one).
+    Groups that were in flight at the save are not kept: the worker starts afresh.
 
     On the tiny model with Pi (tests/test_async_grpo.py)::
 
@@ -111,11 +131,13 @@ class AsyncGRPOLoop:
         self.global_step = 0
         self.log_history: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
         self._metrics: dict[str, list[Any]] = defaultdict(list)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=args.learning_rate,
             betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
             weight_decay=args.weight_decay)
+        self.scheduler = _scheduler(self.optimizer, args)
 
     @property
     def samples_per_step(self) -> int:
@@ -123,22 +145,86 @@ class AsyncGRPOLoop:
 
     # --- the loop -------------------------------------------------------------------------
 
-    def train(self) -> list[dict[str, Any]]:
-        """Sync, start the worker, step `max_steps` times, stop. Answers `log_history`."""
+    def train(self, resume_from_checkpoint: str | os.PathLike[str] | bool | None = None
+              ) -> list[dict[str, Any]]:
+        """Sync, start the worker, step up to `max_steps`, stop (also on an error: the
+        worker's episodes end at once). Answers `log_history`. `resume_from_checkpoint`: a
+        checkpoint's path, or True for the newest under `output_dir` (see the class)."""
         torch.manual_seed(self.args.seed)
+        if resume_from_checkpoint:
+            self.load_checkpoint(resume_from_checkpoint)
         self.transfer.init_weight_transfer()
         try:
-            self._sync_weights()  # version 1 before the first rollout, as AsyncGRPOTrainer
+            # Version 1 before the first rollout, as AsyncGRPOTrainer; after a resume, the
+            # checkpoint's version again.
+            self._sync_weights()
             self.worker.start()
             while self.global_step < self.args.max_steps:
                 self._step()
                 if self.global_step % self.args.weight_sync_steps == 0:
                     self._sync_weights()
                 self._log()
+                if self._saves_now():
+                    self.save_checkpoint()
         finally:
             self.worker.stop()
             self.transfer.destroy()
         return self.log_history
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """`output_dir/checkpoint-<global_step>` (see `integrations/checkpoint.py`)."""
+        tensors = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                   "scheduler": self.scheduler.state_dict(), "rng_state": _torch_rng()}
+        version, py_rng = self.model_version, random.getstate()
+        state = {"global_step": self.global_step, "model_version": version,
+                 "counts": dict(self.counts), "log_history": self.log_history,
+                 "python_rng": [py_rng[0], list(py_rng[1]), py_rng[2]],
+                 "worker": self.worker.state_dict() if hasattr(self.worker, "state_dict")
+                 else None}
+        keep = self.args.save_total_limit
+        path = write_checkpoint(self.args.output_dir, self.global_step, tensors, state,
+                                keep=int(keep) if keep else None)
+        self._event("checkpoint", step=self.global_step, path=str(path))
+        return path
+
+    def load_checkpoint(self, checkpoint: str | os.PathLike[str] | bool) -> None:
+        """Restore a `save_checkpoint()`; True: the newest under `output_dir`. Before `train`
+        starts the worker."""
+        path = latest_checkpoint(self.args.output_dir) if checkpoint is True else checkpoint
+        if path is None:
+            raise FileNotFoundError(f"resume_from_checkpoint=True: no checkpoint-<step> under "
+                                    f"{self.args.output_dir}")
+        tensors, state = read_checkpoint(path)
+        self.model.load_state_dict(tensors["model"])
+        self.optimizer.load_state_dict(tensors["optimizer"])
+        self.scheduler.load_state_dict(tensors["scheduler"])
+        _set_torch_rng(tensors["rng_state"])
+        py_rng = state["python_rng"]
+        random.setstate((py_rng[0], tuple(py_rng[1]), py_rng[2]))
+        self.global_step = int(state["global_step"])
+        # The sync at the start of train() moves the version back to the checkpoint's; our
+        # transfers count their syncs, so theirs continues from there too.
+        self.model_version = int(state["model_version"]) - 1
+        if hasattr(self.transfer, "version"):
+            self.transfer.version = self.model_version
+        self.counts = Counter(state["counts"])
+        self.log_history = list(state["log_history"])
+        if state.get("worker") is not None and hasattr(self.worker, "load_state_dict"):
+            self.worker.load_state_dict(state["worker"])
+        self._event("resumed", step=self.global_step, path=str(path))
+
+    def _saves_now(self) -> bool:
+        strategy = str(getattr(self.args.save_strategy, "value", self.args.save_strategy))
+        if strategy == "no":
+            return False
+        if strategy != "steps":
+            raise ValueError(f"AsyncGRPOLoop saves by steps (save_strategy='steps' or 'no'), "
+                             f"got {strategy!r}")
+        every = self.args.save_steps
+        every = max(1, round(every * self.args.max_steps)) if every < 1 else int(every)
+        return self.global_step % every == 0 or self.global_step == self.args.max_steps
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -160,14 +246,18 @@ class AsyncGRPOLoop:
                 loss.backward()
                 loss_sum += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.max_grad_norm)
+        learning_rate = self.scheduler.get_last_lr()[0]  # the rate this step is taken at
         self.optimizer.step()
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
+        self.counts.update(samples_trained=len(taken))
         step_s = time.perf_counter() - started
         self._event("step_end", step=self.global_step)
         m = self._metrics
         m["loss"].append(loss_sum)
         m["grad_norm"].append(float(grad_norm))
+        m["learning_rate"].append(learning_rate)
         m["perf/step_s"].append(step_s)
         m["perf/rollout_wait_s"].append(wait_s)
         m["perf/optimizer_idle_frac"].append((wait_s, step_s))
@@ -197,19 +287,24 @@ class AsyncGRPOLoop:
             stale = is_stale(self.model_version, sample.model_version, self.args.max_staleness)
             if stale and self.stale == "drop":
                 self._metrics["staleness/dropped_total"].append(1.0)
+                self.counts.update(dropped_stale=1)
                 log.info("dropping a sample of version %d (trainer at %d, max_staleness %d)",
                          sample.model_version, self.model_version, self.args.max_staleness)
                 continue
             if stale:
                 self._metrics["staleness/weighted_total"].append(1.0)
+                self.counts.update(weighted_stale=1)
             taken.append(_Taken(sample, lag, stale))
         return taken, waited
 
     def _sample_loss(self, taken: _Taken) -> torch.Tensor:
         """The sum of a sample's per-token losses (`grpo_token_loss`) over its trained tokens."""
-        from trl.trainer.utils import selective_log_softmax
-
         sample = taken.sample
+        spans = getattr(sample, "call_spans", None)
+        if not spans:
+            raise UnscorableSample(
+                "a sample without call_spans (not made by segment_samples) carries no record of "
+                "how its tokens were sampled: its p_old cannot be matched exactly")
         ids = torch.as_tensor(sample.input_ids, dtype=torch.long)[None]
         mask = torch.as_tensor(sample.completion_mask, dtype=torch.float32)[None]
         old = torch.as_tensor(sample.old_log_probs, dtype=torch.float32)[None]
@@ -217,10 +312,11 @@ class AsyncGRPOLoop:
         # prompt runs to thousands of tokens, its sampled answers to a few dozen.
         keep = ids.shape[1] - int(sample.completion_mask.argmax()) + 1
         logits = self.model(input_ids=ids, logits_to_keep=keep).logits[:, :-1]
-        # Token p is scored from position p-1's logits, at the temperature it was sampled with.
-        targets = slice(ids.shape[1] - keep + 1, None)
-        logps = selective_log_softmax(logits.float(), ids[:, targets], self.args.temperature)
-        mask, old = mask[:, targets], old[:, targets]
+        # Token p is scored from position p-1's logits, under the sampling its call drew it
+        # with (temperature, top-k, top-p; `integrations/rescore.py`), not the config's.
+        first = ids.shape[1] - keep + 1
+        logps = rescored_logprobs(logits[0], ids[0, first:], spans, first)[None]
+        mask, old = mask[:, first:], old[:, first:]
         per_token = grpo_token_loss(
             logps, old, torch.tensor([[sample.advantage]], dtype=torch.float32),
             torch.tensor([[taken.weighted]]), epsilon=self.args.epsilon,
@@ -273,6 +369,29 @@ class AsyncGRPOLoop:
     def _event(self, kind: str, **details: Any) -> None:
         self.events.append({"kind": kind, "time": time.monotonic(), **details})
         log.info("%s %s", kind, details)
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, args: Any) -> Any:
+    """The `Trainer`'s LR schedule from the config, over `max_steps` (stepped once a step)."""
+    from transformers import get_scheduler
+
+    return get_scheduler(args.lr_scheduler_type, optimizer,
+                         num_warmup_steps=args.get_warmup_steps(args.max_steps),
+                         num_training_steps=args.max_steps,
+                         scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
+
+
+def _torch_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_torch_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def grpo_token_loss(

@@ -68,6 +68,10 @@ class ThreadEpisodeExecutor:
     def submit(self, request: EpisodeRequest) -> Future[EpisodeResult]:
         return self._pool.submit(self.stack.run, request)
 
+    def stop_running(self) -> None:
+        """End the running episodes now (`infra_error`); queued ones never start."""
+        self.stack.stop_running()
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.stack.close()
