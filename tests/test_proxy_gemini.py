@@ -1,8 +1,8 @@
 """The Gemini API surface of the proxy, driven by the official `google-genai` SDK over HTTP.
 
 Conversations are echoed back as Gemini CLI does: the streamed answer's text parts merged into
-one, its thought parts dropped, our call ids rewritten (`NAME__ID`), then the results as
-`functionResponse` parts of a user turn.
+one, its thought parts dropped, our call ids rewritten (`NAME__ID`), a made-up thought signature
+on the first call, then the results as `functionResponse` parts of a user turn.
 """
 
 from __future__ import annotations
@@ -85,7 +85,10 @@ def echo(parts: list[dict]) -> dict:
     for part in parts:
         if "function_call" in part:
             call = part["function_call"]
-            out.append({"function_call": {**call, "id": f"{call['name']}__{call['id']}"}})
+            stamp = {} if any("function_call" in p for p in out) else {
+                "thought_signature": b"skip_thought_signature_validator"}  # what the CLI adds
+            out.append({"function_call": {**call, "id": f"{call['name']}__{call['id']}"},
+                        **stamp})
         elif not part.get("thought"):
             out.append(part)
     return {"role": "model", "parts": out}

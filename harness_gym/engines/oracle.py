@@ -13,11 +13,10 @@ at once); nothing else needs to know the answers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
-from .agent_tools import AgentTools
+from .agent_tools import AgentTools, tool_call_text
 from .scripted import ScriptedEngine, task_key
 from .transformers_engine import TransformersEngine
 
@@ -42,15 +41,14 @@ class OracleEngine(ScriptedEngine):
         if self.noop:
             return "Done."
         patch = next((p for key, p in self._patches.items() if key in prompt), None)
-        shell = AgentTools.from_prompt(prompt).shell
-        if patch is None or shell is None:
+        tools = AgentTools.from_prompt(prompt)
+        if patch is None or tools.shell is None:
             missing = "task" if patch is None else "shell tool"
             return f"I cannot solve this: the oracle found no registered {missing} in the prompt."
         if "<tool_response>" in prompt:  # our one call has run
             return DONE
         command = f"git apply --whitespace=nowarn <<'HARNESS_GYM_PATCH'\n{patch}HARNESS_GYM_PATCH"
-        call = {"name": shell, "arguments": {"command": command}}
-        return f"I will apply the fix.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return f"I will apply the fix.\n{tool_call_text(tools.shell_call(command))}"
 
 
 def load_oracle_engine(arg: str = "") -> OracleEngine:

@@ -7,7 +7,9 @@ Gemini CLI's quirks (harnesses/gemini_cli.py): the model comes in the URL
 `functionCall` parts and their results `functionResponse` parts of the next user turn. The CLI
 merges a streamed answer's text parts into one, drops `thought` parts from its history, and
 rewrites our call ids to `NAME__ID`: the bridge's semantic key ignores ids, so the echoed turn
-still extends the segment.
+still extends the segment. It also stamps `thoughtSignature: "skip_thought_signature_validator"`
+on the first function call of each turn; only a signature on a `thought` part is read as
+reasoning (ours come on one), so that stamp is not taken for altered reasoning.
 
 A `functionResponse` without an `id` answers the earliest unanswered call of that name in the
 model turn before it, so ids are the same each time a history is resent. A stream is SSE of
@@ -123,9 +125,6 @@ def _add_content(messages: list[Message], raw: Any, param: str) -> None:
             kinds = ", ".join(sorted(part)) or "nothing"
             raise invalid(f"Unsupported part at '{where}' (it holds {kinds}): supported are text, "
                           "functionCall, functionResponse, inlineData and fileData.", where)
-        if signature is not None and role == "model" and not any(
-                r.signature for r in reasoning):
-            reasoning.append(ReasoningPart("", signature))
     if role == "model":
         messages.append(Message("assistant", text_with_placeholders(texts), tuple(calls),
                                 reasoning=tuple(r for r in reasoning if r.text or r.signature)))
