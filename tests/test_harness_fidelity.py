@@ -1,4 +1,4 @@
-"""The four real CLIs, through the real proxy, with a scripted policy: what the model is shown
+"""The real CLIs, through the real proxy, with a scripted policy: what the model is shown
 and what the bridge makes of what the CLIs send back.
 
 - The task text reaches the model byte for byte (decoded from the prompt ids the engine got),
@@ -27,8 +27,8 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-CLIS = ("claude-code", "hermes", "opencode", "pi")
-JAVASCRIPT_CLIS = ("claude-code", "opencode", "pi")
+CLIS = ("claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi")
+JAVASCRIPT_CLIS = ("claude-code", "gemini-cli", "opencode", "pi")
 
 _HEAD = (
     "--width -> must stay positive\n"
