@@ -27,8 +27,13 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-CLIS = ("claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi")
-JAVASCRIPT_CLIS = ("claude-code", "gemini-cli", "opencode", "pi")
+CLIS = ("claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi",
+        # Qwen Code 0.24.4 runs its `@file` expansion on a headless prompt and puts a space
+        # before "@notes.txt" (Gemini CLI, its upstream, does not): a known alteration, kept
+        # strict so a version that fixes it is noticed.
+        pytest.param("qwen-code", marks=pytest.mark.xfail(
+            strict=True, reason="Qwen Code 0.24.4 inserts a space before an @path in the task")))
+JAVASCRIPT_CLIS = ("claude-code", "gemini-cli", "opencode", "pi", "qwen-code")
 
 _HEAD = (
     "--width -> must stay positive\n"

@@ -1,6 +1,7 @@
-"""Codex CLI and Gemini CLI, for real: each solves a built-in task through our proxy with the
-oracle (the patch goes through the CLI's own shell tool: Codex's `exec_command`, Gemini CLI's
-`run_shell_command`) on bwrap, and fails it with `oracle:noop`; plus their config as data.
+"""Codex CLI, Gemini CLI and Qwen Code, for real: each solves a built-in task through our proxy
+with the oracle (the patch goes through the CLI's own shell tool: Codex's `exec_command`, the
+others' `run_shell_command`) on bwrap, and fails it with `oracle:noop`; plus their config as
+data.
 
 The episodes run in a child process under `unshare --net` where that is possible (root), so
 neither CLI can have reached anything but loopback (`test_harness_episodes.isolated_network`).
@@ -20,6 +21,7 @@ from test_harness_episodes import EPISODES, TASKS, changed_lines, isolated_netwo
 from harness_gym.harness import Endpoint, load_harness
 from harness_gym.harnesses.codex import CodexHarness
 from harness_gym.harnesses.gemini_cli import MODEL_TOKEN_LIMIT, GeminiCliHarness
+from harness_gym.harnesses.qwen_code import QwenCodeHarness
 
 TASK = "harness-gym__routes-61"
 ENDPOINT = Endpoint("http://127.0.0.1:9", 'key"with\\quotes', model="pol\"icy",
@@ -64,6 +66,18 @@ def test_gemini_cli_settings_carry_the_key_route_limits_and_offline_switches() -
                                               "GEMINI_API_KEY": ENDPOINT.api_key}
 
 
+def test_qwen_code_settings_carry_the_window_and_the_output_cap() -> None:
+    harness = QwenCodeHarness()
+    settings = json.loads(harness.config_files(ENDPOINT)[".qwen/settings.json"])
+    generation = settings["model"]["generationConfig"]
+    assert generation == {"contextWindowSize": 32_768, "samplingParams": {"max_tokens": 2_048}}
+    assert settings["telemetry"]["enabled"] is False
+    assert harness.endpoint_env(ENDPOINT)["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1"
+    failed = harness.parse_output(json.dumps({"type": "result", "is_error": True,
+                                              "error": {"message": "[API Error: 404]"}}))
+    assert failed.error == "[API Error: 404]"
+
+
 def test_output_parsers_read_the_final_message_calls_and_errors() -> None:
     codex = CodexHarness().parse_output("\n".join(json.dumps(e) for e in [
         {"type": "thread.started"}, {"type": "item.completed", "item": {
@@ -94,7 +108,7 @@ def run_episodes(harness: str) -> tuple[list[dict], bool]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("harness", ["codex", "gemini-cli"])
+@pytest.mark.parametrize("harness", ["codex", "gemini-cli", "qwen-code"])
 def test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop(harness):
     if shutil.which("npm") is None or shutil.which("bwrap") is None:
         pytest.skip("needs npm (the CLIs install with it) and bubblewrap")
