@@ -1,8 +1,9 @@
 """The proxy's HTTP surface (an ASGI app): dialect routes plus the admin routes.
 
-Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`) and
-reach only that session; the admin routes (`/sessions...`) take only the admin key (a session
-key gets a 403, so an agent can neither open, read nor close any session, its own included).
+Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`;
+Gemini's also `x-goog-api-key` or `?key=`) and reach only that session; the admin routes
+(`/sessions...`) take only the admin key (a session key gets a 403, so an agent can neither
+open, read nor close any session, its own included).
 Every failure is answered in the dialect the caller speaks, never as a bare 500 page.
 
 A request's body is read within the byte limit, then parsed, checked against the message and

@@ -339,14 +339,12 @@ class GenerateWriter:
 
 
 def _merged(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Adjacent text parts (the deltas of one text) as one, as a plain answer carries them."""
+    """Adjacent text parts of one kind (the deltas of one text, or of one thought) as one, as a
+    plain answer carries them."""
     out: list[dict[str, Any]] = []
     for part in parts:
-        last = out[-1] if out else None
-        if (last is not None and set(part) == {"text"} == set(last)) or (
-                last is not None and part.get("thought") and set(last) == {"text", "thought"}
-                and set(part) == {"text", "thought"}):
-            out[-1] = {**last, "text": last["text"] + part["text"]}
+        if out and set(part) == set(out[-1]) and set(part) in ({"text"}, {"text", "thought"}):
+            out[-1] = {**out[-1], "text": out[-1]["text"] + part["text"]}
         else:
             out.append(dict(part))
     return out or [{"text": ""}]
