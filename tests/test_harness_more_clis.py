@@ -127,3 +127,19 @@ def test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_n
     assert failed["outcome"] == "failed" and failed["reward"] == 0.0
     if not offline:
         pytest.skip("episodes passed, but on the host network: unshare --net needs root")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_conformance_check_passes_a_faithful_cli_and_catches_an_altered_task_text():
+    """`harness-gym harnesses --check` on real CLIs: Gemini CLI keeps every promise; Qwen Code
+    0.24.4 puts a space before the probe's "@notes.txt", and the check says so."""
+    if shutil.which("npm") is None:
+        pytest.skip("the CLIs install with npm")
+    from harness_gym.harness_check import check_harness
+
+    gemini, qwen = load_harness("gemini-cli"), load_harness("qwen-code")
+    gemini.install()
+    qwen.install()
+    assert check_harness(gemini) == []
+    assert check_harness(qwen) == ["the task text did not reach the model byte for byte"]
