@@ -10,7 +10,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .harness import HarnessSpec
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -161,7 +164,8 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
 
 def _harnesses(args: argparse.Namespace) -> int:
     """List the registered harness plugins, their pinned versions and whether they are installed;
-    `--install` installs them all into the shared cache first."""
+    `--install` installs them all into the shared cache first; `--check` runs the conformance
+    check on each installed one (`harness_check`)."""
     from .harness import HarnessError, available_harnesses, load_harness
 
     failed = 0
@@ -173,11 +177,26 @@ def _harnesses(args: argparse.Namespace) -> int:
             state = "installed" if harness.is_installed() else "not installed"
             package = harness.package
             spec = f"{package.manager} {package.name}=={package.version}"
-            print(f"{name:<14} {spec:<48} {harness.dialect:<19} {state}")
+            print(f"{name:<14} {spec:<48} {harness.dialect:<19} {state}", flush=True)
+            if args.check and harness.is_installed():
+                failed += _check_harness(harness)
         except (HarnessError, OSError, ImportError) as exc:
             failed += 1
             print(f"{name:<14} error: {exc}")
-    return 1 if failed and args.install else 0
+    return 1 if failed and (args.install or args.check) else 0
+
+
+def _check_harness(harness: HarnessSpec) -> int:
+    """Print the conformance check's verdict on one installed CLI; 1 if it failed."""
+    from .harness_check import check_harness
+
+    problems = check_harness(harness)
+    for problem in problems:
+        print(f"  check FAILED: {problem}", flush=True)
+    if not problems:
+        print("  check ok: task text intact, tool call round-trips as one segment, "
+              "output cap honoured", flush=True)
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the registered harness CLIs, their versions, what is installed")
     harnesses.add_argument("--install", action="store_true",
                            help="install every registered harness into the shared cache")
+    harnesses.add_argument("--check", action="store_true",
+                           help="run each installed CLI against the proxy with a scripted "
+                                "policy and check what the environment relies on")
     harnesses.set_defaults(handler=_harnesses)
 
     run = commands.add_parser("run", parents=[common], help="run episodes and write their traces")

@@ -56,7 +56,7 @@ from .plugins import load_plugin, plugin_names
 from .sandbox.base import ExecResult, Job, Sandbox
 from .trace import ContextOverflow
 
-Dialect = Literal["openai-chat", "anthropic-messages", "openai-responses"]
+Dialect = Literal["openai-chat", "anthropic-messages", "openai-responses", "gemini"]
 Progress = Callable[[str], None]
 
 ENTRY_POINT_GROUP = "harness_gym.harnesses"

@@ -1,4 +1,4 @@
-"""The four real CLIs, through the real proxy, with a scripted policy: what the model is shown
+"""The real CLIs, through the real proxy, with a scripted policy: what the model is shown
 and what the bridge makes of what the CLIs send back.
 
 - The task text reaches the model byte for byte (decoded from the prompt ids the engine got),
@@ -27,8 +27,13 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-CLIS = ("claude-code", "hermes", "opencode", "pi")
-JAVASCRIPT_CLIS = ("claude-code", "opencode", "pi")
+CLIS = ("claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi",
+        # Qwen Code 0.24.4 runs its `@file` expansion on a headless prompt and puts a space
+        # before "@notes.txt" (Gemini CLI, its upstream, does not): a known alteration, kept
+        # strict so a version that fixes it is noticed.
+        pytest.param("qwen-code", marks=pytest.mark.xfail(
+            strict=True, reason="Qwen Code 0.24.4 inserts a space before an @path in the task")))
+JAVASCRIPT_CLIS = ("claude-code", "gemini-cli", "opencode", "pi", "qwen-code")
 
 _HEAD = (
     "--width -> must stay positive\n"

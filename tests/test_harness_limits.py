@@ -20,6 +20,7 @@ from support.fidelity import run_harness, scripted
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfigError
+from harness_gym.engines.agent_tools import AgentTools, tool_call_text
 from harness_gym.harness import load_harness
 from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.harnesses.opencode import OpenCodeHarness
@@ -35,14 +36,16 @@ TASK = "harness-gym__routes-61"
 
 
 def tool_turns(shell: str, turns: int):
-    """A script: `turns` calls to the shell tool, then a final answer."""
+    """A script: `turns` calls to the shell tool (`shell`, its command parameter as the prompt's
+    tool list says: Codex's takes `cmd`), then a final answer."""
 
     def script(prompt: str) -> str:
         done = prompt.count("</tool_response>")
         if done >= turns:
             return "All done."
-        return ('Step %d.\n<tool_call>\n{"name": "%s", "arguments": {"command": "echo %d"}}\n'
-                "</tool_call>" % (done, shell, done))
+        tools = AgentTools.from_prompt(prompt)
+        assert tools.shell == shell, tools
+        return f"Step {done}.\n{tool_call_text(tools.shell_call(f'echo {done}'))}"
 
     return script
 
@@ -59,7 +62,7 @@ def step_once(harness, engine, **settings):
         env.close()
 
 
-@pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode"])
+@pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode", "codex", "gemini-cli"])
 def test_a_cli_that_needs_more_context_than_smollm2_has_is_refused_at_make(cli: str):
     engine = scripted(lambda _: "All done.", "smollm2", SMOLLM2_CONTEXT)
     with pytest.raises(EpisodeConfigError) as raised:
@@ -138,7 +141,10 @@ def test_what_hermes_says_on_stderr_is_kept_in_harness_output():
 
 # Pi fits SmolLM2's own window; OpenCode and Claude Code run at their declared minimum, which is
 # where a wrong limit (a reserve larger than the room left) would show first.
-WINDOWS = {"pi": SMOLLM2_CONTEXT, "opencode": None, "claude-code": None}
+WINDOWS = {"pi": SMOLLM2_CONTEXT, "opencode": None, "claude-code": None, "gemini-cli": None,
+           "codex": None}
+# Codex has no output-cap setting and sends no `max_output_tokens`: the proxy's cap is its only one.
+NO_OUTPUT_CAP = ("codex",)
 
 
 @pytest.mark.slow
@@ -158,6 +164,8 @@ def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str):
     # the CLI expects.
     cap = run.endpoint.max_tokens
     assert cap == min(ProxySettings().default_max_tokens, window // 4)
+    if cli in NO_OUTPUT_CAP:
+        cap = ProxySettings().default_max_tokens
     asked = segments[0]["sampling_max_tokens"]
     room = [window - call.prompt_tokens for call in run.trace.calls]
     assert asked == [min(cap, r) for r in room]

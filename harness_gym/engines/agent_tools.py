@@ -22,7 +22,9 @@ from .text_edits import TextEdit
 __all__ = ["AgentTools", "ToolCallText", "tool_call_text"]
 
 _TOOLS_SECTION = re.compile(r"<tools>(.*?)</tools>", re.S)
-SHELL_NAMES = ("bash", "terminal", "shell", "run_shell_command", "execute_command", "exec")
+SHELL_NAMES = ("bash", "terminal", "shell", "run_shell_command", "execute_command", "exec",
+               "exec_command", "shell_command")
+SHELL_PARAMS = ("command", "cmd")  # Codex's `exec_command` takes `cmd`
 READ_NAMES = ("read", "read_file", "view", "cat")
 WRITE_NAMES = ("write", "write_file", "create_file")
 EDIT_NAMES = ("edit", "patch", "edit_file", "str_replace", "replace")
@@ -43,6 +45,7 @@ def tool_call_text(call: ToolCallText) -> str:
 @dataclass(frozen=True)
 class AgentTools:
     shell: str | None = None
+    shell_param: str = "command"  # the shell tool's command-string parameter
     read: tuple[str, str] | None = None  # (tool, path parameter)
     edit: tuple[str, str, str, str] | None = None  # (tool, path param, old param, new param)
     edit_list: str | None = None  # the array parameter holding {old, new} pairs (Pi: "edits")
@@ -67,8 +70,9 @@ class AgentTools:
                 continue
             path = next((p for p in PATH_PARAMS if p in properties), None)
             lowered = name.lower()
-            if lowered in SHELL_NAMES and "command" in properties:
-                found.setdefault("shell", name)
+            shell_param = next((p for p in SHELL_PARAMS if p in properties), None)
+            if lowered in SHELL_NAMES and shell_param and "shell" not in found:
+                found.update(shell=name, shell_param=shell_param)
             elif path and lowered in READ_NAMES:
                 found.setdefault("read", (name, path))
             elif path and lowered in WRITE_NAMES and "content" in properties:
@@ -109,7 +113,7 @@ class AgentTools:
     def _shell(self, command: str) -> ToolCallText:
         if self.shell is None:
             raise LookupError("the harness offers no shell tool (and no tool for this move)")
-        return self.shell, {"command": command}
+        return self.shell, {self.shell_param: command}
 
 
 def _tool_specs(prompt: str) -> list[dict[str, Any]]:

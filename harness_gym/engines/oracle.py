@@ -13,15 +13,17 @@ at once); nothing else needs to know the answers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
-from .agent_tools import AgentTools
+from .agent_tools import AgentTools, tool_call_text
 from .scripted import ScriptedEngine, task_key
 from .transformers_engine import TransformersEngine
 
 DONE = "The fix is applied and the tests should pass now."
+# mini-swe-agent ends an episode only when the model runs this command (a plain "done" answer is
+# a format error it asks again about): where the prompt says so, the oracle finishes that way.
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 class OracleEngine(ScriptedEngine):
@@ -39,18 +41,24 @@ class OracleEngine(ScriptedEngine):
         self.add_tasks([task])
 
     def _answer(self, prompt: str) -> str:
+        tools = AgentTools.from_prompt(prompt)
         if self.noop:
-            return "Done."
+            return _finish(prompt, tools, "Done.")
         patch = next((p for key, p in self._patches.items() if key in prompt), None)
-        shell = AgentTools.from_prompt(prompt).shell
-        if patch is None or shell is None:
+        if patch is None or tools.shell is None:
             missing = "task" if patch is None else "shell tool"
             return f"I cannot solve this: the oracle found no registered {missing} in the prompt."
         if "<tool_response>" in prompt:  # our one call has run
-            return DONE
+            return _finish(prompt, tools, DONE)
         command = f"git apply --whitespace=nowarn <<'HARNESS_GYM_PATCH'\n{patch}HARNESS_GYM_PATCH"
-        call = {"name": shell, "arguments": {"command": command}}
-        return f"I will apply the fix.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return f"I will apply the fix.\n{tool_call_text(tools.shell_call(command))}"
+
+
+def _finish(prompt: str, tools: AgentTools, text: str) -> str:
+    """`text`, or the CLI's own way to end its episode where its prompt names one."""
+    if SUBMIT_COMMAND in prompt and tools.shell is not None:
+        return f"{text}\n{tool_call_text(tools.shell_call(SUBMIT_COMMAND))}"
+    return text
 
 
 def load_oracle_engine(arg: str = "") -> OracleEngine:

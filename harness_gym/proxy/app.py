@@ -1,8 +1,9 @@
 """The proxy's HTTP surface (an ASGI app): dialect routes plus the admin routes.
 
-Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`) and
-reach only that session; the admin routes (`/sessions...`) take only the admin key (a session
-key gets a 403, so an agent can neither open, read nor close any session, its own included).
+Dialect routes authenticate with a session key (`Authorization: Bearer KEY` or `x-api-key`;
+Gemini's also `x-goog-api-key` or `?key=`) and reach only that session; the admin routes
+(`/sessions...`) take only the admin key (a session key gets a 403, so an agent can neither
+open, read nor close any session, its own included).
 Every failure is answered in the dialect the caller speaks, never as a bare 500 page.
 
 A request's body is read within the byte limit, then parsed, checked against the message and
@@ -16,7 +17,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -27,10 +28,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engines.base import Engine
-from . import anthropic_messages, openai_chat, openai_responses
+from . import anthropic_messages, gemini, openai_chat, openai_responses
 from .bridge import PromptPlan
 from .canonical import ChatRequest
-from .errors import ProxyError
+from .errors import ProxyError, invalid
 from .events import AnswerWriter, KeepAlive
 from .message_cache import MessageParseCache
 from .model_call import PreparedCall, plan_prompt, prompt_budget, start_call
@@ -43,6 +44,19 @@ from .wire import field, parse_json_body
 log = logging.getLogger(__name__)
 
 
+def session_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def google_key(request: Request) -> str | None:
+    """Google's clients send the key in `x-goog-api-key`, or as `?key=`."""
+    return (request.headers.get("x-goog-api-key") or request.query_params.get("key")
+            or session_key(request))
+
+
 @dataclass(frozen=True)
 class Dialect:
     """What differs between the wire formats; everything else is shared."""
@@ -52,6 +66,7 @@ class Dialect:
     writer: Callable[[str, ChatRequest, int], AnswerWriter]  # (model, request, prompt_tokens)
     error_body: Callable[[ProxyError], dict[str, Any]]
     error_status: Callable[[ProxyError], int]
+    key: Callable[[Request], str | None] = session_key  # where the session key is sent
 
     def error_response(self, error: ProxyError) -> Response:
         return JSONResponse(self.error_body(error), status_code=self.error_status(error))
@@ -95,11 +110,22 @@ LARGE_REQUESTS_AT_ONCE = 2
 ADMIN_BODY_BYTES = 64 * 1024  # POST /sessions takes a few fields
 
 
-def session_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
+def gemini_dialect(model: str, stream: bool) -> Dialect:
+    """Gemini's `generateContent` / `streamGenerateContent`: the model and streaming come
+    from the URL, so the record is made per request."""
+    return Dialect(
+        # No session cache: a functionResponse's id depends on the model turn before it.
+        parse=lambda body, _cache: gemini.parse_generate_request(body, model=model,
+                                                                 stream=stream),
+        items_param="contents",
+        writer=lambda model, _, prompt_tokens: gemini.GenerateWriter(model, prompt_tokens),
+        error_body=gemini.error_body,
+        error_status=gemini.error_status,
+        key=google_key,
+    )
+
+
+GEMINI_ERRORS = gemini_dialect("", False)
 
 
 class ProxyApp:
@@ -129,6 +155,8 @@ class ProxyApp:
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/responses", self.responses, methods=["POST"]),
+            Route("/v1beta/models/{target:path}", self.gemini, methods=["POST"]),
+            Route("/v1/models/{target:path}", self.gemini, methods=["POST"]),  # Gemini's v1
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -144,8 +172,8 @@ class ProxyApp:
 
     # --- dialect routes -----------------------------------------------------------------
 
-    def _session(self, request: Request) -> ProxySession:
-        key = session_key(request)
+    def _session(self, request: Request, dialect: Dialect | None = None) -> ProxySession:
+        key = (dialect.key if dialect is not None else session_key)(request)
         if not key:
             raise ProxyError(
                 "authentication", "You didn't provide an API key: send the session key as a "
@@ -157,7 +185,7 @@ class ProxyApp:
         """Every dialect route: parse into the canonical request, run one model call, answer
         as SSE or JSON through the dialect's writer, and shape every error the dialect's way."""
         try:
-            session = self._session(request)
+            session = self._session(request, dialect)
             session.acquire_call_slot(self.settings.max_calls_in_flight_per_session)
         except ProxyError as error:
             return dialect.error_response(error)
@@ -249,15 +277,39 @@ class ProxyApp:
         return await self._dialect_call(request, OPENAI_RESPONSES)
 
     async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's `/v1/messages/count_tokens`."""
+        return await self._count_tokens(request, COUNT_TOKENS, lambda n: {"input_tokens": n})
+
+    async def gemini(self, request: Request) -> Response:
+        """Gemini's `/v1beta/models/{model}:{method}`; streams only as SSE (`?alt=sse`, what
+        both Google SDKs ask for)."""
+        model, _, method = request.path_params["target"].rpartition(":")
+        if not model or method not in gemini.METHODS:
+            return GEMINI_ERRORS.error_response(ProxyError(
+                "not_found", f"Unknown method {method!r} for models/{model}: this proxy serves "
+                f"{', '.join(gemini.METHODS)}."))
+        if method == "countTokens":
+            dialect = replace(gemini_dialect(model, False), parse=lambda body, _cache: (
+                gemini.parse_count_request(body, model=model)))
+            return await self._count_tokens(request, dialect, gemini.count_body)
+        stream = method == "streamGenerateContent"
+        if stream and request.query_params.get("alt") != "sse":
+            return GEMINI_ERRORS.error_response(invalid(
+                "streamGenerateContent is served as server-sent events only: add ?alt=sse."))
+        return await self._dialect_call(request, gemini_dialect(model, stream))
+
+    async def _count_tokens(
+        self, request: Request, dialect: Dialect, answer: Callable[[int], dict[str, Any]]
+    ) -> Response:
         """The prompt's real token count, as the bridge would build it; nothing is recorded.
         A prompt far over the context is counted only until that is clear."""
         try:
-            session = self._session(request)
+            session = self._session(request, dialect)
             raw = await read_body(request, self.settings.max_body_bytes)
             budget = prompt_budget(self.engine)
 
             def count() -> int:
-                chat = self._parse(raw, COUNT_TOKENS, session)
+                chat = self._parse(raw, dialect, session)
                 try:
                     return len(session.bridge.plan(chat, budget).prompt_ids)
                 except PromptTooLong as exc:
@@ -265,10 +317,10 @@ class ProxyApp:
 
             tokens = await self._off_loop(count, len(raw))
         except ProxyError as error:
-            return COUNT_TOKENS.error_response(error)
+            return dialect.error_response(error)
         except ClientGone:
             return Response(status_code=400)
-        return JSONResponse({"input_tokens": tokens})
+        return JSONResponse(answer(tokens))
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(

@@ -32,7 +32,7 @@ class RecordingEngine(Engine):
     ) -> AsyncIterator[TokenChunk]:
         self.check_fits(len(prompt_ids))
         record = {"prompt_ids": list(prompt_ids), "token_ids": [], "logprobs": [],
-                  "context": context}
+                  "context": context, "sampling": sampling}
         self.calls.append(record)
         return self._stream(self.inner.stream(prompt_ids, sampling, context), record)
 
