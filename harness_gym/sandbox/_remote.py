@@ -185,6 +185,7 @@ class RemoteShellSandbox(Sandbox):
         stdin: bytes | None = None,
     ) -> ExecResult:
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         out, err = self._log_path("out"), self._log_path("err")
         stdin_path = "/dev/null"
@@ -216,6 +217,7 @@ class RemoteShellSandbox(Sandbox):
         """Start in the background. stdout goes to `stdout_path` (default: a file under the
         sandbox's logs/), stderr to the same path plus `.stderr`, as in the local backend."""
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
         script = job_script(command, out, f"{out}.stderr", f"{out}.exit")
@@ -249,6 +251,7 @@ class RemoteShellSandbox(Sandbox):
         for job in jobs:
             job.kill()
         self._run_script(kill_marked_script(SANDBOX_MARKER, self.id), {}, None, 60)
+        self._may_have_processes = False
 
     def close(self) -> None:
         with self._lock:

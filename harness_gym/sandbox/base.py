@@ -81,6 +81,10 @@ class Sandbox(abc.ABC):
     # Why the sandbox stopped its commands on its own (a cap they hit: disk), else None. The
     # episode reads it after the harness ends: such an episode is a `harness_error`.
     fault: str | None = None
+    # Whether a command may have run since the last `kill_processes()` that succeeded. Backends
+    # that track it set it on every exec/start and clear it there; one that does not leaves it
+    # True, and `quiesce()` then always kills.
+    _may_have_processes: bool = True
 
     @abc.abstractmethod
     def exec(
@@ -121,6 +125,14 @@ class Sandbox(abc.ABC):
         this when the harness has ended, so that nothing the agent left running can touch the
         tree while the grader works in it. Raises `SandboxError` when it cannot confirm that
         the processes are gone."""
+
+    def quiesce(self) -> None:
+        """`kill_processes()`, unless no command ran since the last one. The grader calls it
+        before it touches the tree, so `grade()` alone gives the guarantee an episode gives
+        (nothing the agent left runs while it grades), and an episode, which already killed
+        to read the harness's output, does not pay twice."""
+        if self._may_have_processes:
+            self.kill_processes()
 
     @abc.abstractmethod
     def close(self) -> None:

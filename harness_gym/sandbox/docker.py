@@ -425,6 +425,7 @@ class DockerSandbox(Sandbox):
                env: Mapping[str, str] | None, stdout_path: str, stdin_path: str,
                emit: bool) -> DockerJob:  # fmt: skip
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         stderr_path = stdout_path + ".stderr"
         argv = ["sh", "-c", _WRAPPER, "sh", job_id, stdout_path, stderr_path, stdin_path]
@@ -580,6 +581,7 @@ class DockerSandbox(Sandbox):
             time.sleep(0.1)
         if code != 0:
             raise SandboxError(f"processes of sandbox {self.id} survived SIGKILL: {said[-500:]}")
+        self._may_have_processes = False
         fields = said.split()
         if len(fields) >= 4 and fields[3].isdigit() and int(fields[3]) < _FULL_KIB:
             self.fault = (

@@ -238,6 +238,7 @@ class LocalSandbox(Sandbox):
         background: bool = False,
     ) -> LocalJob:
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         stderr_path = stdout_path.with_name(stdout_path.name + ".stderr")
         stdout_path.parent.mkdir(parents=True, exist_ok=True)
@@ -341,6 +342,7 @@ class LocalSandbox(Sandbox):
         self._check_open()
         self._disk_watch.stop()
         self._kill_all()
+        self._may_have_processes = False
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,102 @@
+"""`grade()` called on its own (a caller's own harness loop, no episode) gives the episode's
+guarantee: nothing the agent left running touches the tree while the grader works in it.
+
+The agent's move: a fix that fixes nothing, and a process left running (its own session, double
+forked, environment scrubbed where the backend can still find it) that waits for the grader,
+then copies the real fix into the code under test every 10 ms while the tests run. `grade()`
+must fail it; the control shows the same attack passes when the grader's kill is skipped.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness_gym.tasks import GradeResult, Task, grade, materialize
+from harness_gym.tasks.diffs import paths_touched_by
+
+from harness_gym.sandbox import load_sandbox
+from harness_gym.sandbox._cgroups import cgroup_parent
+from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from harness_gym.sandbox._processes import marked_pids
+from test_grader_attacks import _UNAVAILABLE, CALC, PATH_ENV
+
+TOKEN_VAR = "ATTACK_TOKEN"
+# Site dirs this interpreter reads outside its own prefix (a venv that borrows another's
+# packages through a .pth): bwrap binds only the prefixes, so they are mounted for the tests.
+BORROWED = {p: p for p in sys.path if p.endswith("site-packages") and not p.startswith(sys.prefix)}
+
+
+@pytest.fixture(scope="module", params=["local", "bwrap", "docker"])
+def backend(request: pytest.FixtureRequest) -> Iterator[SandboxBackend]:
+    if _UNAVAILABLE[request.param]:
+        pytest.skip(_UNAVAILABLE[request.param])
+    backend = load_sandbox(request.param)
+    yield backend
+    backend.close()
+
+
+def leave_a_writer(sandbox: Sandbox, task: Task, token: str, scrub: bool) -> None:
+    """The gold fix kept aside, the tree left unfixed, and a background command whose
+    double-forked, setsid'ed child waits for the grader and then copies the fix in."""
+    aside = f"{sandbox.home}/aside"
+    test_file = next(p for p in paths_touched_by(task.test_patch) if p.endswith(".py"))
+    sandbox.write_file(f"{aside}/fix.patch", task.patch)
+    setup = sandbox.exec(
+        f'git apply "{aside}/fix.patch" && mkdir -p "{aside}/fixed" && git diff --name-only | '
+        f'xargs -I{{}} cp --parents {{}} "{aside}/fixed/" && git checkout -q -- . && '
+        f'cp {test_file} "{aside}/orig"', cwd=sandbox.workdir)  # fmt: skip
+    assert setup.exit_code == 0, setup.stderr
+    started = f'! cmp -s {test_file} "{aside}/orig" || compgen -G "$HOME/.harness-gym-grader-*"'
+    loop = (f'until {started} >/dev/null; do sleep 0.01; done; '
+            f'while :; do cp -r "{aside}/fixed/." .; sleep 0.01; : {token}; done')  # fmt: skip
+    scrubbed = f'env -i PATH="$PATH" HOME="$HOME" {TOKEN_VAR}={token}' if scrub else ""
+    escape = f"( setsid -f {scrubbed} nohup bash -c '{loop}' >/dev/null 2>&1 </dev/null & )"
+    # The command itself stays too (a harness still running when the caller grades).
+    sandbox.start(f"{escape}; exec sleep 600", cwd=sandbox.workdir, env={TOKEN_VAR: token})
+
+
+def alive(token: str) -> list[int]:
+    return marked_pids(TOKEN_VAR, token)
+
+
+def attack(backend: SandboxBackend, tmp_path: Path, *, skip_kill: bool) -> GradeResult:
+    repo = tmp_path / f"repo-{uuid.uuid4().hex[:6]}"
+    materialize(CALC, repo)
+    token = uuid.uuid4().hex
+    # On local without a cgroup a scrubbed environment escapes the marker search: there the
+    # process keeps its markers (local.py's module doc says so).
+    scrub = backend.name != "local" or cgroup_parent() is not None
+    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="grade-alone", ro_mounts=BORROWED)) as sandbox:
+        leave_a_writer(sandbox, CALC, token, scrub)
+        if skip_kill:
+            sandbox.quiesce = lambda: None  # type: ignore[method-assign]
+        result = grade(CALC, sandbox, timeout_s=180)
+        if not skip_kill and backend.name != "docker":  # docker's are in the container's pid ns
+            assert alive(token) == []
+    assert alive(token) == []  # close() ends it either way
+    return result
+
+
+def test_grade_alone_kills_a_process_the_agent_left_writing(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    result = attack(backend, tmp_path, skip_kill=False)
+    assert result.outcome == "failed", (result.reason, result.error, result.test_output[-2000:])
+    assert result.reason == "tests_failed" and result.patch == ""
+
+
+def test_without_the_kill_in_grade_that_process_would_have_passed(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    """The control: with the grader's kill skipped, the same attack passes. It races pytest,
+    so it gets three tries; one pass shows it is real."""
+    outcomes = []
+    for _ in range(3):
+        outcomes.append(attack(backend, tmp_path, skip_kill=True).outcome)
+        if outcomes[-1] == "passed":
+            break
+    assert "passed" in outcomes, outcomes
