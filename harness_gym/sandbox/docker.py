@@ -82,7 +82,16 @@ from urllib.parse import urlsplit, urlunsplit
 from . import _processes as procs
 from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+)
 from .local import OUTPUT_LIMIT_BYTES, TIMEOUT_EXIT_CODE, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
@@ -690,6 +699,17 @@ class DockerSandboxBackend(SandboxBackend):
                 except (errors.NotFound, errors.APIError):  # APIError: still in use
                     pass
         return removed
+
+    def set_limits(self, limits: SandboxLimits) -> None:
+        self.pids, self.memory = limits.pids, f"{limits.memory_bytes}b"
+        self.disk = f"{limits.disk_bytes // 2**10}k"  # tmpfs sizes take k/m/g, not b
+
+    def caps(self) -> SandboxCaps:
+        return SandboxCaps(
+            pids=f"the container's pids_limit={self.pids}",
+            memory=f"the container's mem_limit={self.memory} (its tmpfs /sandbox and /tmp count)",
+            disk=f"/sandbox is a tmpfs of {self.disk}, /tmp of {self.tmp}",
+        )
 
     def create(self, spec: SandboxSpec) -> DockerSandbox:
         return DockerSandbox(self, spec)
