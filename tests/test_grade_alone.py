@@ -9,7 +9,6 @@ must fail it; the control shows the same attack passes when the grader's kill is
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +21,9 @@ from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent
 from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox._processes import marked_pids
-from test_grader_attacks import _UNAVAILABLE, CALC, PATH_ENV
+from test_grader_attacks import _UNAVAILABLE, BORROWED, CALC, PATH_ENV
 
 TOKEN_VAR = "ATTACK_TOKEN"
-# Site dirs this interpreter reads outside its own prefix (a venv that borrows another's
-# packages through a .pth): bwrap binds only the prefixes, so they are mounted for the tests.
-BORROWED = {p: p for p in sys.path if p.endswith("site-packages") and not p.startswith(sys.prefix)}
 
 
 @pytest.fixture(scope="module", params=["local", "bwrap", "docker"])
