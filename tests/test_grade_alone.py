@@ -21,7 +21,7 @@ from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent
 from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox._processes import marked_pids
-from test_grader_attacks import _UNAVAILABLE, BORROWED, CALC, PATH_ENV
+from test_grader_attacks import _UNAVAILABLE, CALC, PATH_ENV
 
 TOKEN_VAR = "ATTACK_TOKEN"
 
@@ -66,7 +66,7 @@ def attack(backend: SandboxBackend, tmp_path: Path, *, skip_kill: bool) -> Grade
     # On local without a cgroup a scrubbed environment escapes the marker search: there the
     # process keeps its markers (local.py's module doc says so).
     scrub = backend.name != "local" or cgroup_parent() is not None
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="grade-alone", ro_mounts=BORROWED)) as sandbox:
+    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="grade-alone")) as sandbox:
         leave_a_writer(sandbox, CALC, token, scrub)
         if skip_kill:
             sandbox.quiesce = lambda: None  # type: ignore[method-assign]

@@ -28,9 +28,6 @@ UNITTEST = FIXTURES["fixture__unittest-3"]
 KVCONF = {t.instance_id: t for t in load_tasks("builtin")}["harness-gym__kvconf-23"]
 F2P = CALC.FAIL_TO_PASS[0]
 PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-# Site dirs this interpreter reads outside its own prefix (a venv that borrows another's
-# packages through a .pth, as a git worktree's may): bwrap binds only the prefixes.
-BORROWED = {p: p for p in sys.path if p.endswith("site-packages") and not p.startswith(sys.prefix)}
 
 _UNAVAILABLE = {
     "bwrap": None if bwrap_available() else "bubblewrap cannot run here",
@@ -63,7 +60,7 @@ def run_agent(backend: SandboxBackend, task: Task, scratch: Path, *moves: Agent)
     """A fresh sandbox of `task`, the agent's moves, then the grader."""
     repo = scratch / "repo"
     materialize(task, repo)
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="attack", ro_mounts=BORROWED)) as sandbox:
+    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="attack")) as sandbox:
         for move in moves:
             move(sandbox)
         return grade(task, sandbox, timeout_s=180)

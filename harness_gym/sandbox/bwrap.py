@@ -130,8 +130,11 @@ def _python_dirs() -> list[Path]:
     """This Python's environment (the venv and the interpreter it points at, which may live
     under /root, e.g. pyenv): the grader runs `python -m pytest` with it."""
     kept: list[Path] = []
-    for d in (Path(sys.prefix), Path(sys.base_prefix)):
-        if d.is_dir() and d not in kept and not _in_system_dir(d):
+    # And the site dirs it reads outside them (a venv that borrows another's packages through
+    # a .pth line, as a git worktree's may).
+    borrowed = [Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for d in (Path(sys.prefix), Path(sys.base_prefix), *borrowed):
+        if d.is_dir() and not _in_system_dir(d) and not any(d.is_relative_to(k) for k in kept):
             kept.append(d)
     return kept
 
