@@ -9,6 +9,7 @@ must fail it; the control shows the same attack passes when the grader's kill is
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent
 from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox._processes import marked_pids
+from support.as_user import run_as_user, why_not
 from test_grader_attacks import _UNAVAILABLE, CALC, PATH_ENV
 
 TOKEN_VAR = "ATTACK_TOKEN"
@@ -96,3 +98,41 @@ def test_without_the_kill_in_grade_that_process_would_have_passed(
         if outcomes[-1] == "passed":
             break
     assert "passed" in outcomes, outcomes
+
+
+AS_USER = r"""
+import json, os, sys, tempfile, warnings
+from pathlib import Path
+warnings.simplefilter("ignore")
+sys.path.insert(0, TESTS)
+import test_grade_alone as t
+from harness_gym.sandbox import load_sandbox
+from harness_gym.sandbox.bwrap import bwrap_available
+
+out = {}
+for name in ["local"] + (["bwrap"] if bwrap_available() else []):
+    backend = load_sandbox(name)
+    out[name] = t.attack(backend, Path(tempfile.mkdtemp()), skip_kill=False).outcome
+    control = []
+    for _ in range(3):  # it races pytest: one pass shows it is real
+        control.append(t.attack(backend, Path(tempfile.mkdtemp()), skip_kill=True).outcome)
+        if control[-1] == "passed":
+            break
+    out[name + "-control"] = control
+    backend.close()
+print(json.dumps(out))
+"""
+
+
+def test_grade_alone_as_a_non_root_user() -> None:
+    """The same attack and control as a throwaway non-root user (no cgroup: RLIMIT_NPROC in a
+    user namespace, and on `local` the marker search, which an `env -i` escapee would evade)."""
+    if why := why_not():
+        pytest.skip(why)
+    done = run_as_user(AS_USER.replace("TESTS", repr(str(Path(__file__).parent))), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("local", "bwrap"):
+        if name in measured:
+            assert measured[name] == "failed", measured
+            assert "passed" in measured[name + "-control"], measured
