@@ -136,3 +136,25 @@ def test_grade_alone_as_a_non_root_user() -> None:
         if name in measured:
             assert measured[name] == "failed", measured
             assert "passed" in measured[name + "-control"], measured
+
+
+def test_an_episode_does_not_pay_the_kill_twice(tmp_path: Path) -> None:
+    """The episode kills once, before it reads the harness's output; grade() then kills only
+    if a command ran since."""
+    repo = tmp_path / "repo"
+    materialize(CALC, repo)
+    backend = load_sandbox("local")
+    try:
+        with backend.create(SandboxSpec(repo=repo, env=PATH_ENV)) as sandbox:
+            kills = []
+            kill = sandbox.kill_processes
+            sandbox.kill_processes = lambda: (kills.append(1), kill())[1]  # type: ignore[method-assign]
+            sandbox.start("sleep 60")
+            sandbox.kill_processes()  # the episode's
+            grade(CALC, sandbox, timeout_s=180)
+            assert len(kills) == 1
+            sandbox.exec("true")  # a command since: the next grade kills again
+            grade(CALC, sandbox, timeout_s=180)
+            assert len(kills) == 2
+    finally:
+        backend.close()
