@@ -15,7 +15,16 @@ is registered there too (setup.cfg), so a third-party backend needs nothing but 
 from __future__ import annotations
 
 from ..plugins import load_plugin, plugin_names
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+)
 from .local import UnisolatedSandboxWarning
 
 ENTRY_POINT_GROUP = "harness_gym.sandboxes"
@@ -26,7 +35,9 @@ __all__ = [
     "Job",
     "Sandbox",
     "SandboxBackend",
+    "SandboxCaps",
     "SandboxError",
+    "SandboxLimits",
     "SandboxSpec",
     "UnisolatedSandboxWarning",
     "available_sandboxes",

@@ -125,13 +125,15 @@ class SandboxCgroup:
         if parent is None:
             return None
         name = f"{os.getpid()}-{sandbox_id}"
-        path, made = parent / name, []
+        path = parent / name
         try:
             path.mkdir()
-            made.append(path)
+        except OSError:
+            return None
+        try:
             _write(path / "pids.max", str(pids_max))
         except OSError:
-            _rmdirs(made)
+            _rmdirs([path])
             return None
         memory = memory_parent() if memory_max is not None else None
         if memory is not None:
@@ -139,11 +141,11 @@ class SandboxCgroup:
             try:
                 if memory != path:
                     memory.mkdir()
-                    made.append(memory)
                 _set_memory(memory, memory_max or 0)
-            except OSError:
-                _rmdirs(made)
-                return None
+            except OSError:  # keep the pids cap; `memory` None says there is no memory cap
+                if memory != path:
+                    _rmdirs([memory])
+                memory = None
         return cls(path, memory)
 
     def launcher(self) -> list[str]:

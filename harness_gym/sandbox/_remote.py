@@ -37,7 +37,15 @@ from ._remote_shell import (
     repo_tarball,
     untar_script,
 )
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxSpec,
+)
 
 
 class RemoteShellSandbox(Sandbox):
@@ -327,6 +335,11 @@ class RemoteShellBackend(SandboxBackend):
 
     sandbox_class: ClassVar[type[RemoteShellSandbox]]
     how_to_stop: ClassVar[str]  # a command that stops a machine by hand, {id} for its id
+
+    def caps(self) -> SandboxCaps:
+        """Each rollout is a machine of its own: what it exhausts is its own, not this host."""
+        vm = f"the {self.name} machine of the rollout's own (the provider's size)"
+        return SandboxCaps(pids=vm, memory=vm, disk=vm)
 
     def __init__(
         self,
