@@ -38,6 +38,7 @@ from .proxy.sessions import check_context_overflow, parse_session_sampling
 from .rewards import RewardConfig
 from .sandbox import ENTRY_POINT_GROUP as SANDBOXES
 from .sandbox import SandboxBackend, SandboxError
+from .sandbox.base import SandboxLimits
 
 ContextOverflow = Literal["error", "truncate"]
 
@@ -69,6 +70,12 @@ class EpisodeConfig:
     - `train_subagents`: a sub-agent's segments (Claude Code's Task tool), linked to the tool
       call that started them, are role "agent" (trained on) instead of "auxiliary".
     - `progress`: install messages and progress bars on stderr.
+    - `limits`: what one rollout's sandbox may use, a `SandboxLimits` or a dict of its fields
+      (`pids`, `memory_bytes`, `disk_bytes`); None keeps the backend's defaults (`bwrap` and
+      `local`: 1,024 processes and threads, 4 GiB of memory, 4 GiB on disk; `docker`: 2,048,
+      "4g", a "2g" /sandbox). An env refuses to start where a cap cannot be had here
+      (`harness_gym.sandbox.caps`), and says how to get it, unless `allow_uncapped=True`
+      (one loud warning line; not for training).
     """
 
     harness: tuple[HarnessSpec, ...]
@@ -82,6 +89,8 @@ class EpisodeConfig:
     mix_harnesses: bool
     train_subagents: bool
     progress: bool
+    limits: SandboxLimits | None
+    allow_uncapped: bool
 
     def __init__(
         self,
@@ -97,6 +106,8 @@ class EpisodeConfig:
         mix_harnesses: bool = False,
         train_subagents: bool = False,
         progress: bool = True,
+        limits: SandboxLimits | Mapping[str, int] | None = None,
+        allow_uncapped: bool = False,
     ) -> None:
         if episode_timeout_s <= 0 or test_timeout_s <= 0:
             raise EpisodeConfigError("episode_timeout_s and test_timeout_s must be positive")
@@ -120,6 +131,8 @@ class EpisodeConfig:
             "mix_harnesses": bool(mix_harnesses),
             "train_subagents": bool(train_subagents),
             "progress": bool(progress),
+            "limits": _check_limits(limits),
+            "allow_uncapped": bool(allow_uncapped),
         }
         _check_context(values["harness"], values["engine"])
         for name, value in values.items():
@@ -169,6 +182,23 @@ def _check_engine(engine: str | Engine) -> str | Engine:
     name = engine.strip().partition(":")[0]
     check_plugin_name(ENGINES, name, noun="engine", error=EpisodeConfigError)
     return engine.strip()
+
+
+def _check_limits(limits: SandboxLimits | Mapping[str, int] | None) -> SandboxLimits | None:
+    if limits is None or isinstance(limits, SandboxLimits):
+        return limits
+    if not isinstance(limits, Mapping):
+        raise EpisodeConfigError(f"limits is a SandboxLimits or a dict of its fields, got {limits!r}")
+    fields = {f.name for f in dataclasses.fields(SandboxLimits)}
+    if unknown := sorted(set(limits) - fields):
+        raise EpisodeConfigError(
+            f"unknown limit {unknown[0]!r}{did_you_mean(unknown[0], sorted(fields))}; "
+            f"limits: {', '.join(sorted(fields))}"
+        )
+    try:
+        return SandboxLimits(**limits)
+    except SandboxError as exc:
+        raise EpisodeConfigError(str(exc)) from None
 
 
 def _check_sandbox(sandbox: str | SandboxBackend | None) -> str | SandboxBackend | None:

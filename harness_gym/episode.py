@@ -36,6 +36,7 @@ from .proxy.errors import ProxyError
 from .proxy.sessions import ProxySession
 from .rewards import RewardConfig
 from .sandbox import default_sandbox, load_sandbox
+from .sandbox.caps import require_caps
 from .sandbox.base import ExecResult, Job, SandboxBackend, SandboxError, SandboxSpec
 from .tasks.grader import GradeResult, capture_patch, grade
 from .tasks.loader import materialize
@@ -330,6 +331,7 @@ class EpisodeStack:
             # An admin key the agents never see: a session key reaches its model routes only.
             self.proxy = InterceptionProxy(self.engine, admin_key=secrets.token_urlsafe(32)).start()
             self.backend = load_sandbox(config.sandbox or default_sandbox())
+            require_caps(self.backend, config.limits, allow_uncapped=config.allow_uncapped)
             say = (lambda m: print(m, file=sys.stderr)) if config.progress else None
             for spec in config.harness:
                 if spec.name not in self.runners:

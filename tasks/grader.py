@@ -1,7 +1,8 @@
 """Grading a rollout: the verdict depends only on what the code under test does.
 
-The candidate is whatever the agent left in `sandbox.workdir`; the agent's processes are gone
-(the sandbox layer kills them before grading). `grade`:
+The candidate is whatever the agent left in `sandbox.workdir`. `grade` first makes sure no
+process the agent started still runs (`Sandbox.quiesce()`: a kill unless none ran since the
+episode's own), then:
 
 1. captures the agent's patch against `base_commit` (new files included, binary-safe, from a
    temporary index). An agent that deleted or replaced `.git` broke its own repo, not ours: a
@@ -174,6 +175,9 @@ def grade(
         )
 
     try:
+        # Nothing the agent left running may touch the tree while the grader works in it
+        # (invariant 7), whoever calls grade(): a no-op when the episode has just killed.
+        sandbox.quiesce()
         try:
             found = survey(task, sandbox, base)
         except BaseCommitMissing:

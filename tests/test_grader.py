@@ -297,11 +297,17 @@ def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
 
 # Code under test (the package's __init__, imported by the tests) that gets past pytest's output
 # capture and prints a PASSED line for every judged test, then...
+# (It finds the capture manager by a frame walk up to pytest's config: gc walks are refused by
+# the grader's audit hook.)
 _FAKE_LINES = """
-import gc, os, sys
-for _obj in gc.get_objects():
-    if type(_obj).__name__ == "CaptureManager":
-        _obj.suspend_global_capture(in_=True)
+import os, sys
+_frame, _capman = sys._getframe(), None
+while _frame is not None and _capman is None:
+    _config = _frame.f_locals.get("config") or getattr(_frame.f_locals.get("self"), "config", None)
+    if hasattr(_config, "pluginmanager"):
+        _capman = _config.pluginmanager.getplugin("capturemanager")
+    _frame = _frame.f_back
+_capman.suspend_global_capture(in_=True)
 for _test in {ids!r}:
     print("PASSED " + _test)
 sys.stdout.flush()

@@ -45,7 +45,7 @@ from harness_gym.episode import EpisodeRunner
 from harness_gym.harness import load_harness
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.sandbox import SandboxBackend, load_sandbox
-from harness_gym.sandbox._cgroups import cgroup_parent
+from harness_gym.sandbox._cgroups import cgroup_parent, memory_parent
 from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
 from harness_gym.sandbox.docker import docker_unavailable
 from harness_gym.tasks.diffs import paths_touched_by
@@ -373,24 +373,27 @@ def test_an_agent_that_cuts_its_own_line_to_the_model_ends_harness_error(tiny: A
 def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
     tiny: Any,
 ) -> None:
-    tasks = TASKS[3:7]
+    tasks = TASKS[3:8]
     token = uuid.uuid4().hex
     bomb = f"bash -c 'b() {{ b | b & }}; b; : {token}' >/dev/null 2>&1 </dev/null; sleep 2"
     fill = "for i in $(seq 4000); do head -c 1048576 /dev/zero > fill$i || break; done"
     # Straight into the CLI's own stdout, which the env reads back: 100 MiB of it.
     flood = ("pi=$(pgrep -o -f 'pi -p') && head -c 104857600 /dev/zero | tr '\\0' x "
              "> /proc/$pi/fd/1; echo flooded")
+    # Three times the sandbox's memory cap in one process (memset: every page is touched).
+    hog = "python3 -c 'b = bytearray(3 * 2**29); print(len(b))'; echo hog=$?"
     attacks = {tasks[0].problem_statement[:200]: [bomb],
                tasks[1].problem_statement[:200]: [fill],
                tasks[2].problem_statement[:200]: [flood],
-               tasks[3].problem_statement[:200]: [gold(tasks[3])]}
+               tasks[3].problem_statement[:200]: [gold(tasks[3])],
+               tasks[4].problem_statement[:200]: [hog]}
 
     def commands(prompt: str) -> list[str]:
         return next(c for key, c in attacks.items() if key in prompt)
 
-    backend = BwrapSandboxBackend(pids=256, disk_bytes=256 * 2**20)
+    backend = BwrapSandboxBackend(pids=256, disk_bytes=256 * 2**20, memory_bytes=512 * 2**20)
     before = sandbox_dirs()
-    vec = gym.make_vec("HarnessSWE-v0", num_envs=4, vectorization_mode="vector_entry_point",
+    vec = gym.make_vec("HarnessSWE-v0", num_envs=5, vectorization_mode="vector_entry_point",
                        harness="pi", engine=ScriptedEngine(tiny, shell_script(commands)),
                        sandbox=backend, episode_timeout_s=300, test_timeout_s=300,
                        progress=False)
@@ -404,6 +407,11 @@ def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
     assert outcomes[1] == "harness_error" and "disk cap" in infos["error"][1]
     assert outcomes[2] in ("failed", "harness_error"), infos["error"][2]
     assert outcomes[3] == "passed" and rewards[3] > 0, infos["error"][3]
+    # The hog: killed at the cgroup's cap (root: the episode says so), or MemoryError at
+    # RLIMIT_DATA (non-root: the agent sees it and its unfixed tree fails).
+    assert outcomes[4] in ("failed", "harness_error"), infos["error"][4]
+    if memory_parent() is not None:
+        assert outcomes[4] == "harness_error" and "memory cap" in infos["error"][4]
     assert wait_until(lambda: alive(token) == [], timeout=10)
     assert sandbox_dirs() - before == set()
     parent = cgroup_parent()

@@ -18,7 +18,16 @@ from importlib import import_module
 from typing import Any
 
 from ..plugins import load_plugin, plugin_names
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+)
 from .local import UnisolatedSandboxWarning
 
 ENTRY_POINT_GROUP = "harness_gym.sandboxes"
@@ -44,7 +53,9 @@ __all__ = [
     "Job",
     "Sandbox",
     "SandboxBackend",
+    "SandboxCaps",
     "SandboxError",
+    "SandboxLimits",
     "SandboxSpec",
     "UnisolatedSandboxWarning",
     "available_sandboxes",

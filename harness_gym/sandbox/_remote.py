@@ -37,7 +37,15 @@ from ._remote_shell import (
     repo_tarball,
     untar_script,
 )
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxSpec,
+)
 
 
 class RemoteShellSandbox(Sandbox):
@@ -185,6 +193,7 @@ class RemoteShellSandbox(Sandbox):
         stdin: bytes | None = None,
     ) -> ExecResult:
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         out, err = self._log_path("out"), self._log_path("err")
         stdin_path = "/dev/null"
@@ -216,6 +225,7 @@ class RemoteShellSandbox(Sandbox):
         """Start in the background. stdout goes to `stdout_path` (default: a file under the
         sandbox's logs/), stderr to the same path plus `.stderr`, as in the local backend."""
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
         script = job_script(command, out, f"{out}.stderr", f"{out}.exit")
@@ -249,6 +259,7 @@ class RemoteShellSandbox(Sandbox):
         for job in jobs:
             job.kill()
         self._run_script(kill_marked_script(SANDBOX_MARKER, self.id), {}, None, 60)
+        self._may_have_processes = False
 
     def close(self) -> None:
         with self._lock:
@@ -324,6 +335,11 @@ class RemoteShellBackend(SandboxBackend):
 
     sandbox_class: ClassVar[type[RemoteShellSandbox]]
     how_to_stop: ClassVar[str]  # a command that stops a machine by hand, {id} for its id
+
+    def caps(self) -> SandboxCaps:
+        """Each rollout is a machine of its own: what it exhausts is its own, not this host."""
+        vm = f"the {self.name} machine of the rollout's own (the provider's size)"
+        return SandboxCaps(pids=vm, memory=vm, disk=vm)
 
     def __init__(
         self,

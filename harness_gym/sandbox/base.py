@@ -20,6 +20,46 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not be created, a command could not be started)."""
 
 
+DEFAULT_PIDS = 1024  # processes and threads per sandbox
+DEFAULT_MEMORY_BYTES = 4 * 2**30
+DEFAULT_DISK_BYTES = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one sandbox may use: processes and threads, memory (all its processes together
+    where a cgroup caps it; each process where only an rlimit can), bytes on disk. An env sets
+    them from `EpisodeConfig.limits`; `SandboxBackend.caps()` says how each is enforced."""
+
+    pids: int = DEFAULT_PIDS
+    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    disk_bytes: int = DEFAULT_DISK_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("pids", "memory_bytes", "disk_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SandboxError(f"SandboxLimits.{name} must be a positive int, got {value!r}")
+
+
+CAP_NAMES = ("pids", "memory", "disk")
+
+
+@dataclass(frozen=True)
+class SandboxCaps:
+    """How a backend's sandboxes are capped, measured on this host: for each of processes,
+    memory and disk, a line saying by what (a cgroup, an rlimit, a tmpfs), or None where
+    nothing caps it. `fixes` says, for each missing cap, how to get it."""
+
+    pids: str | None
+    memory: str | None
+    disk: str | None
+    fixes: Mapping[str, str] = field(default_factory=dict)
+
+    def missing(self) -> list[str]:
+        return [name for name in CAP_NAMES if getattr(self, name) is None]
+
+
 @dataclass
 class ExecResult:
     exit_code: int  # -signal when killed by a signal; 124 when the timeout fired
@@ -81,6 +121,10 @@ class Sandbox(abc.ABC):
     # Why the sandbox stopped its commands on its own (a cap they hit: disk), else None. The
     # episode reads it after the harness ends: such an episode is a `harness_error`.
     fault: str | None = None
+    # Whether a command may have run since the last `kill_processes()` that succeeded. Backends
+    # that track it set it on every exec/start and clear it there; one that does not leaves it
+    # True, and `quiesce()` then always kills.
+    _may_have_processes: bool = True
 
     @abc.abstractmethod
     def exec(
@@ -122,6 +166,14 @@ class Sandbox(abc.ABC):
         tree while the grader works in it. Raises `SandboxError` when it cannot confirm that
         the processes are gone."""
 
+    def quiesce(self) -> None:
+        """`kill_processes()`, unless no command ran since the last one. The grader calls it
+        before it touches the tree, so `grade()` alone gives the guarantee an episode gives
+        (nothing the agent left runs while it grades), and an episode, which already killed
+        to read the harness's output, does not pay twice."""
+        if self._may_have_processes:
+            self.kill_processes()
+
     @abc.abstractmethod
     def close(self) -> None:
         """Kill everything still running and remove everything created. Idempotent."""
@@ -148,6 +200,15 @@ class SandboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    def set_limits(self, limits: SandboxLimits) -> None:
+        """Cap the sandboxes created from now on at `limits` (a backend with fixed or remote
+        limits keeps them: `caps()` says what holds)."""
+
+    def caps(self) -> SandboxCaps | None:
+        """How this backend caps a sandbox's processes, memory and disk here; None where the
+        backend does not say (the env then warns)."""
+        return None
 
     def close(self) -> None:
         """Release backend-wide resources (clients, reapers)."""

@@ -38,9 +38,12 @@ background children die when the command exits (init exits with it); a harness's
 live as long as the harness.
 
 Limits: where this host lets us make cgroups (root), each sandbox's commands run in its own
-cgroup with a pids cap (`_cgroups.py`: a fork bomb stops there, the other rollouts keep
-running); files are capped as in `local` (`disk_bytes`), /tmp and /dev/shm are tmpfs of
-`tmp_bytes` each (RAM: bwrap's default would be half the host's).
+cgroup with a pids cap and a memory cap (`_cgroups.py`: a fork bomb stops there, the other
+rollouts keep running). Run by a non-root user, bwrap puts each command in a user namespace of
+its own (`--unshare-user`), and RLIMIT_NPROC set inside it caps that command's processes alone
+(`_rlimits.py`); memory is then capped per process (RLIMIT_DATA). Files are capped as in
+`local` (`disk_bytes`), /tmp and /dev/shm are tmpfs of `tmp_bytes` each (RAM: bwrap's default
+would be half the host's). `BwrapSandboxBackend.caps()` says which of these hold here.
 
 Capabilities are dropped (`--cap-drop ALL`): bwrap run as root keeps them otherwise, and root
 with CAP_SYS_ADMIN could remount the read-only /usr read-write.
@@ -69,16 +72,19 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from . import _processes as procs
+from . import _rlimits
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
-from .base import SandboxError, SandboxSpec
+from .base import SandboxCaps, SandboxError, SandboxSpec
 from .local import (
     DEFAULT_DISK_BYTES,
+    DEFAULT_MEMORY_BYTES,
     DEFAULT_PIDS,
     LocalJob,
     LocalSandbox,
     LocalSandboxBackend,
     SandboxLimits,
     _argv,
+    host_caps,
 )
 
 Network = Literal["none", "host"]
@@ -86,6 +92,9 @@ Network = Literal["none", "host"]
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 _NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "harness-gym")
 _LIFETIME = ("--die-with-parent", "--new-session", "--cap-drop", "ALL")
+# A non-root user's bwrap makes a user namespace anyway; asked for, it is sure to be one per
+# command, the scope RLIMIT_NPROC counts in (`_rlimits.py`).
+_USERNS = ("--unshare-user",) if os.geteuid() != 0 else ()
 DEFAULT_TMP_BYTES = 512 * 2**20
 
 # Starts one forwarder per relay inside the command's network namespace, then runs the command:
@@ -121,8 +130,11 @@ def _python_dirs() -> list[Path]:
     """This Python's environment (the venv and the interpreter it points at, which may live
     under /root, e.g. pyenv): the grader runs `python -m pytest` with it."""
     kept: list[Path] = []
-    for d in (Path(sys.prefix), Path(sys.base_prefix)):
-        if d.is_dir() and d not in kept and not _in_system_dir(d):
+    # And the site dirs it reads outside them (a venv that borrows another's packages through
+    # a .pth line, as a git worktree's may).
+    borrowed = [Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for d in (Path(sys.prefix), Path(sys.base_prefix), *borrowed):
+        if d.is_dir() and not _in_system_dir(d) and not any(d.is_relative_to(k) for k in kept):
             kept.append(d)
     return kept
 
@@ -153,12 +165,22 @@ def _sized_tmpfs() -> bool:
 
 
 @functools.cache
+def _nproc_holds() -> bool:
+    """Whether RLIMIT_NPROC set inside a bwrap command caps it here (measured; never as root)."""
+    if os.geteuid() == 0 or shutil.which("bwrap") is None:
+        return False
+    outer = ("bwrap", *_LIFETIME, *_USERNS, "--unshare-pid", "--ro-bind", "/", "/",
+             "--proc", "/proc", "--dev", "/dev", "--")  # fmt: skip
+    return _rlimits.nproc_works(outer)
+
+
+@functools.cache
 def bwrap_available(network: Network = "none") -> bool:
     """Whether bubblewrap is installed and can make namespaces here (not in every container),
     with a network namespace of its own unless `network="host"`."""
     if shutil.which("bwrap") is None:
         return False
-    probe = ["bwrap", *_LIFETIME, *_NAMESPACES, *_network_args(network), *_system_mounts(),
+    probe = ["bwrap", *_LIFETIME, *_USERNS, *_NAMESPACES, *_network_args(network), *_system_mounts(),
              "--proc", "/proc", "true"]  # fmt: skip
     try:
         return subprocess.run(probe, check=False, capture_output=True, timeout=10).returncode == 0
@@ -210,6 +232,12 @@ class BwrapSandbox(LocalSandbox):
             # this interpreter's bin dir (bound read-only) first, so `python -m pytest` works.
             self._env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self._env['PATH']}"
 
+    def _nproc_prefix(self) -> tuple[str, ...] | None:
+        return () if _nproc_holds() else None  # bwrap makes the user namespace itself
+
+    def _nproc_launcher(self) -> list[str]:
+        return []  # the rlimit is set inside bwrap (`bwrap_argv`), not before it
+
     def _scratch_mounts(self) -> list[str]:
         sized = ["--size", str(self._tmp_bytes)] if _sized_tmpfs() else []
         return [*sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]
@@ -232,15 +260,16 @@ class BwrapSandbox(LocalSandbox):
         tools = [arg for d in _python_dirs() for arg in ("--ro-bind", str(d), str(d))]
         # Looked up per command: a harness may be installed after the sandbox was made.
         tools += _ro_mounts(self._ro_mounts)
+        nproc = _rlimits.prlimit(nproc=self.limits.pids) if self._nproc else []
         return [
-            "bwrap", *_LIFETIME, *_NAMESPACES, *_network_args(self.network),
+            "bwrap", *_LIFETIME, *_USERNS, *_NAMESPACES, *_network_args(self.network),
             *self._system_mounts,
             "--proc", "/proc", "--dev", "/dev", *self._scratch_mounts(),
             *tools,  # after the tmpfs: a cache under /tmp must stay visible
             "--bind", str(self.root), str(self.root),
             "--ro-bind", str(self._run_dir), str(self._run_dir),
             "--chdir", cwd,
-            "--", *(self._forwarders(_argv(command)) if forward else _argv(command)),
+            "--", *nproc, *(self._forwarders(_argv(command)) if forward else _argv(command)),
         ]  # fmt: skip
 
     def _spawn(
@@ -297,8 +326,8 @@ class BwrapSandboxBackend(LocalSandboxBackend):
     """Sandboxes as temp dirs whose commands run in bubblewrap namespaces (see module doc).
 
     `network`: "none" (default: the proxy is all a sandbox reaches) or "host" (opt-in; the
-    sandbox shares the host's network: see the module doc for the risk). `pids`, `disk_bytes`
-    and `tmp_bytes` cap each sandbox.
+    sandbox shares the host's network: see the module doc for the risk). `pids`,
+    `memory_bytes`, `disk_bytes` and `tmp_bytes` cap each sandbox.
     """
 
     name = "bwrap"
@@ -310,13 +339,18 @@ class BwrapSandboxBackend(LocalSandboxBackend):
         pids: int = DEFAULT_PIDS,
         disk_bytes: int = DEFAULT_DISK_BYTES,
         tmp_bytes: int = DEFAULT_TMP_BYTES,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         if network not in ("none", "host"):
             raise SandboxError(f'network is "none" or "host", got {network!r}')
-        super().__init__(pids=pids, disk_bytes=disk_bytes)
+        super().__init__(pids=pids, disk_bytes=disk_bytes, memory_bytes=memory_bytes)
         self.network: Network = network
         self.tmp_bytes = tmp_bytes
         self._system_mounts = _system_mounts()
+
+    def caps(self) -> SandboxCaps:
+        how = "inside bwrap's user namespace" if _nproc_holds() else None
+        return host_caps(self.limits, how, self.name)
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
         if not bwrap_available(self.network):

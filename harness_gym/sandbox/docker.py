@@ -82,7 +82,16 @@ from urllib.parse import urlsplit, urlunsplit
 from . import _processes as procs
 from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+)
 from .local import OUTPUT_LIMIT_BYTES, TIMEOUT_EXIT_CODE, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
@@ -425,6 +434,7 @@ class DockerSandbox(Sandbox):
                env: Mapping[str, str] | None, stdout_path: str, stdin_path: str,
                emit: bool) -> DockerJob:  # fmt: skip
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         stderr_path = stdout_path + ".stderr"
         argv = ["sh", "-c", _WRAPPER, "sh", job_id, stdout_path, stderr_path, stdin_path]
@@ -580,6 +590,7 @@ class DockerSandbox(Sandbox):
             time.sleep(0.1)
         if code != 0:
             raise SandboxError(f"processes of sandbox {self.id} survived SIGKILL: {said[-500:]}")
+        self._may_have_processes = False
         fields = said.split()
         if len(fields) >= 4 and fields[3].isdigit() and int(fields[3]) < _FULL_KIB:
             self.fault = (
@@ -688,6 +699,17 @@ class DockerSandboxBackend(SandboxBackend):
                 except (errors.NotFound, errors.APIError):  # APIError: still in use
                     pass
         return removed
+
+    def set_limits(self, limits: SandboxLimits) -> None:
+        self.pids, self.memory = limits.pids, f"{limits.memory_bytes}b"
+        self.disk = f"{limits.disk_bytes // 2**10}k"  # tmpfs sizes take k/m/g, not b
+
+    def caps(self) -> SandboxCaps:
+        return SandboxCaps(
+            pids=f"the container's pids_limit={self.pids}",
+            memory=f"the container's mem_limit={self.memory} (its tmpfs /sandbox and /tmp count)",
+            disk=f"/sandbox is a tmpfs of {self.disk}, /tmp of {self.tmp}",
+        )
 
     def create(self, spec: SandboxSpec) -> DockerSandbox:
         return DockerSandbox(self, spec)

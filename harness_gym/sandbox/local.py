@@ -14,9 +14,13 @@ environment (`env -i`) escapes that search; where this host lets us make cgroups
 command also runs in the sandbox's own cgroup (`_cgroups.py`), which finds it anyway and caps
 the sandbox's processes (`pids`, so a fork bomb stops there).
 
-Caps: `disk_bytes` on the sandbox's tree (a check while the agent runs, `_disk.py`: over it,
-the sandbox kills its processes and sets `fault`), RLIMIT_FSIZE at the same size on every command,
-and what `exec`/`Job.wait` return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
+Caps (`SandboxLimits`; `caps()` says which hold here): processes and memory by the sandbox's
+cgroup where one can be made (root), else by rlimits (`_rlimits.py`: RLIMIT_NPROC inside a user
+namespace of the command's own, which a non-root user can make; RLIMIT_DATA per process);
+`disk_bytes` on the sandbox's tree (a check while the agent runs, `_disk.py`: over it, the
+sandbox kills its processes and sets `fault`), RLIMIT_FSIZE at the same size on every command.
+A process the kernel killed at the cgroup's memory cap also sets `fault`. What `exec`/`Job.wait`
+return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
 
 Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close()`)::
 
@@ -28,6 +32,7 @@ Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -39,34 +44,39 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from . import _processes as procs
-from ._cgroups import SandboxCgroup, reap_stale_cgroups
+from . import _rlimits
+from ._cgroups import SandboxCgroup, cgroup_parent, memory_parent, reap_stale_cgroups
 from ._disk import DiskWatch
-from .base import ExecResult, Job, Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from .base import (
+    DEFAULT_DISK_BYTES,
+    DEFAULT_MEMORY_BYTES,
+    DEFAULT_PIDS,
+    ExecResult,
+    Job,
+    Sandbox,
+    SandboxBackend,
+    SandboxCaps,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+)
+
+__all__ = ["DEFAULT_DISK_BYTES", "DEFAULT_MEMORY_BYTES", "DEFAULT_PIDS", "SandboxLimits"]
 
 TIMEOUT_EXIT_CODE = 124
 # What `exec` and `Job.wait` keep of a command's stdout and of its stderr: the last 32 MiB (an
 # agent that prints gigabytes must not take the trainer's memory with it).
 OUTPUT_LIMIT_BYTES = 32 * 2**20
-DEFAULT_PIDS = 1024  # processes and threads per sandbox, where a cgroup enforces it
-DEFAULT_DISK_BYTES = 4 * 2**30
 
 
 class UnisolatedSandboxWarning(UserWarning):
     """A sandbox backend that does not isolate the agent from the host (`local`): an agent can
     write into the interpreter that grades it, leave processes behind, reach host services."""
 
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-sandbox caps: processes and threads (where a cgroup can enforce it) and bytes on
-    disk (checked while the agent runs)."""
-
-    pids: int = DEFAULT_PIDS
-    disk_bytes: int = DEFAULT_DISK_BYTES
 
 # Variables passed through from the host; everything else (API keys, tokens, HTTP_PROXY, which
 # would send a CLI's loopback traffic to a corporate proxy) stays out.
@@ -106,10 +116,46 @@ def _read_text(path: Path, limit: int = OUTPUT_LIMIT_BYTES) -> str:
         return ""
 
 
-def _fsize_limit(limit: int) -> list[str]:
-    """An argv prefix that caps every file the command writes at `limit` bytes (RLIMIT_FSIZE),
-    or nothing where util-linux's `prlimit` is missing."""
-    return ["prlimit", f"--fsize={limit}:{limit}", "--"] if shutil.which("prlimit") else []
+@functools.cache
+def _local_nproc_prefix() -> tuple[str, ...] | None:
+    """The user-namespace prefix under which RLIMIT_NPROC caps a local command, measured; None
+    where it does not (root, no user namespaces)."""
+    userns = tuple(_rlimits.in_user_namespace())
+    return userns if userns and _rlimits.nproc_works(userns) else None
+
+
+def host_caps(limits: SandboxLimits, nproc: str | None, backend: str) -> SandboxCaps:
+    """What caps a `local`/`bwrap` sandbox's processes, memory and disk on this host, given
+    whether RLIMIT_NPROC can be had (`nproc`: how, or None)."""
+    fixes = {}
+    prlimit = bool(_rlimits.prlimit(fsize=1))
+    if cgroup_parent() is not None:
+        pids = f"cgroup pids.max={limits.pids} (the sandbox's processes together)"
+    elif nproc is not None:
+        pids = f"RLIMIT_NPROC={limits.pids} {nproc} (each command and all it starts)"
+    else:
+        pids = None
+        fixes["pids"] = (
+            f"no cgroup can be made here and RLIMIT_NPROC does not hold for this user "
+            f"(uid {os.geteuid()}; root is exempt from it): run as root where /sys/fs/cgroup "
+            "is writable (a VM, or a container with its own writable cgroupfs), or as a "
+            "non-root user on Linux 5.14+ with user namespaces allowed (sysctl "
+            "user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1), or delegate "
+            "a cgroup (`systemd-run --user --scope -p Delegate=yes ...`), or use "
+            f"sandbox='docker'; the {backend!r} backend cannot cap processes otherwise"
+        )
+    mib = limits.memory_bytes // 2**20
+    if memory_parent() is not None:
+        memory = f"cgroup memory limit {mib} MiB (the sandbox's processes together)"
+    elif prlimit:
+        memory = f"RLIMIT_DATA={mib} MiB (each process)"
+    else:
+        memory = None
+        fixes["memory"] = "install util-linux (`prlimit`), or run where a cgroup can be made"
+    disk = f"a check of the tree at {limits.disk_bytes // 2**20} MiB" + (
+        " and RLIMIT_FSIZE" if prlimit else " (no RLIMIT_FSIZE: install util-linux)"
+    )
+    return SandboxCaps(pids=pids, memory=memory, disk=disk, fixes=fixes)
 
 
 class LocalJob(Job):
@@ -185,7 +231,7 @@ class LocalSandbox(Sandbox):
                 work.mkdir()
             for sub in ("home", "tmp", "logs"):
                 (self.root / sub).mkdir()
-            self._cgroup = SandboxCgroup.make(self.id, self.limits.pids)
+            self._cgroup = SandboxCgroup.make(self.id, self.limits.pids, self.limits.memory_bytes)
         except BaseException as exc:
             shutil.rmtree(self.root, ignore_errors=True)
             raise SandboxError(f"could not create a sandbox from {spec.repo}: {exc}") from exc
@@ -193,15 +239,51 @@ class LocalSandbox(Sandbox):
         self.home = str(self.root / "home")
         self._env = _base_env(self.root, self.id)
         self._env.update(spec.env)
-        self._launcher = (self._cgroup.launcher() if self._cgroup else []) + _fsize_limit(
-            self.limits.disk_bytes
+        # Processes: the cgroup, else RLIMIT_NPROC where it holds (`_nproc_prefix`); memory:
+        # the cgroup's limit, else RLIMIT_DATA for each process.
+        self._nproc = self._cgroup is None and self._nproc_prefix() is not None
+        memory_in_cgroup = self._cgroup is not None and self._cgroup.memory is not None
+        rlimits = _rlimits.prlimit(
+            fsize=self.limits.disk_bytes,
+            data=None if memory_in_cgroup else self.limits.memory_bytes,
         )
+        self._memory_scope = "sandbox" if memory_in_cgroup else ("process" if rlimits else None)
+        self._launcher = [
+            *(self._cgroup.launcher() if self._cgroup else []),
+            *rlimits,
+            *self._nproc_launcher(),
+        ]
         self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
+
+    def _nproc_prefix(self) -> tuple[str, ...] | None:
+        return _local_nproc_prefix()
+
+    def _nproc_launcher(self) -> list[str]:
+        """What goes right before the command to cap its processes by RLIMIT_NPROC: a user
+        namespace of its own, then the rlimit inside it (see `_rlimits`)."""
+        prefix = self._nproc_prefix()
+        if not self._nproc or prefix is None:
+            return []
+        return [*prefix, *_rlimits.prlimit(nproc=self.limits.pids)]
 
     @property
     def pids_limited(self) -> bool:
-        """Whether a cgroup caps this sandbox's processes (see module doc)."""
-        return self._cgroup is not None
+        """Whether this sandbox's processes are capped: by its cgroup, or by RLIMIT_NPROC in a
+        user namespace per command (see module doc)."""
+        return self._cgroup is not None or self._nproc
+
+    @property
+    def memory_limited(self) -> Literal["sandbox", "process"] | None:
+        """"sandbox" when a cgroup caps its processes' memory together, "process" when
+        RLIMIT_DATA caps each, None when nothing does."""
+        return self._memory_scope
+
+    def _check_memory_kills(self) -> None:
+        if self._cgroup is not None and self.fault is None and self._cgroup.memory_kills():
+            self.fault = (
+                f"a process of the sandbox went over its memory cap of "
+                f"{self.limits.memory_bytes / 2**20:.0f} MiB and the kernel killed it"
+            )
 
     def _disk_exceeded(self, used: int) -> None:
         self.fault = (
@@ -238,6 +320,7 @@ class LocalSandbox(Sandbox):
         background: bool = False,
     ) -> LocalJob:
         self._check_open()
+        self._may_have_processes = True
         job_id = uuid.uuid4().hex
         stderr_path = stdout_path.with_name(stdout_path.name + ".stderr")
         stdout_path.parent.mkdir(parents=True, exist_ok=True)
@@ -341,6 +424,8 @@ class LocalSandbox(Sandbox):
         self._check_open()
         self._disk_watch.stop()
         self._kill_all()
+        self._check_memory_kills()
+        self._may_have_processes = False
 
     def close(self) -> None:
         with self._lock:
@@ -383,8 +468,14 @@ class LocalSandboxBackend(SandboxBackend):
 
     name = "local"
 
-    def __init__(self, *, pids: int = DEFAULT_PIDS, disk_bytes: int = DEFAULT_DISK_BYTES) -> None:
-        self.limits = SandboxLimits(pids=pids, disk_bytes=disk_bytes)
+    def __init__(
+        self,
+        *,
+        pids: int = DEFAULT_PIDS,
+        disk_bytes: int = DEFAULT_DISK_BYTES,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    ) -> None:
+        self.limits = SandboxLimits(pids=pids, memory_bytes=memory_bytes, disk_bytes=disk_bytes)
         reap_stale_cgroups()
         if type(self) is LocalSandboxBackend:
             warnings.warn(
@@ -394,6 +485,13 @@ class LocalSandboxBackend(SandboxBackend):
                 UnisolatedSandboxWarning,
                 stacklevel=2,
             )
+
+    def set_limits(self, limits: SandboxLimits) -> None:
+        self.limits = limits
+
+    def caps(self) -> SandboxCaps:
+        prefix = _local_nproc_prefix()
+        return host_caps(self.limits, "in a user namespace" if prefix else None, self.name)
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec, self.limits)

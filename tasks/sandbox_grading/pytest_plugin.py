@@ -28,6 +28,7 @@ import pluggy
 import pytest
 
 from .channel import open_channel
+from .guard import install as install_guard
 from .files import describe, inside, source_file
 from .watch import RunnerWatch
 
@@ -288,6 +289,9 @@ def _start():
         _run = _Run(channel)
     except Exception as exc:  # noqa: BLE001
         channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
+        return
+    run = _run  # the hook keeps the run, whatever later rebinds the global
+    install_guard(lambda detail: run.tampered("introspection", detail))
 
 
 _start()

@@ -17,6 +17,7 @@ import os
 import sys
 
 from .channel import open_channel
+from .guard import install as install_guard
 from .files import describe
 from .watch import RunnerWatch
 
@@ -133,5 +134,6 @@ def arm():
     hooks.watch = RunnerWatch(channel.workdir)  # after wrapping: the wrappers are the baseline
     for problem in hooks.watch.problems:
         channel.record("tamper", check="baseline", detail=problem)
+    install_guard(lambda detail: channel.record("tamper", check="introspection", detail=detail))
     atexit.register(hooks.at_exit)
     return hooks

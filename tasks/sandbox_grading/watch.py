@@ -158,6 +158,8 @@ class RunnerWatch(object):
         mapping = getattr(module, "__dict__", None)
         if not isinstance(mapping, dict):
             return
+        # Replacing the module itself (`sys.modules[name] = fake`) reaches every later import.
+        self.watch_attribute("sys.modules[%r]" % name, lambda: sys.modules.get(name))
         items = list(mapping.items())
         keys = [k for k, v in items if _watched_global(v) or k == "__builtins__"]
         self._namespaces.append(_Namespace(name, mapping, keys, "module"))
