@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show tracebacks for errors")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the interception proxy on its own")
+    serve = commands.add_parser("serve", parents=[common],
+                                help="run the interception proxy on its own")
     serve.add_argument("--engine", default="tiny", help="engine spec: tiny, smollm2, hf:PATH, ...")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=0, help="port (default: any free port)")
@@ -232,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .tasks.family.cli import add_tasks_command
 
     add_tasks_command(commands)
+    from .engines.vllm_cli import add_vllm_serve_command
+
+    add_vllm_serve_command(commands, common)
     return parser
 
 
@@ -252,11 +256,14 @@ def main(argv: list[str] | None = None) -> int:
 def user_errors() -> tuple[type[Exception], ...]:
     """What a user's input can cause (a misspelt name, a missing file, an extra not installed):
     reported in one line. Anything else is a bug, and keeps its traceback."""
+    from .engines.base import EngineError
+    from .engines.vllm_install import VLLMInstallError
     from .harness import HarnessError
     from .sandbox import SandboxError
     from .tasks.log_parsers import UnknownLogParserError
 
-    return (ValueError, OSError, ImportError, HarnessError, SandboxError, UnknownLogParserError)
+    return (ValueError, OSError, ImportError, HarnessError, SandboxError, UnknownLogParserError,
+            EngineError, VLLMInstallError)
 
 
 if __name__ == "__main__":
