@@ -38,7 +38,8 @@ def _vllm_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         server.start(progress=_say)
-        _say(f"vLLM ready in {server.startup_s:.0f} s")
+        _say(f"vLLM ready in {server.startup_s:.0f} s (process group {server.group}); "
+             "Ctrl-C stops it")
         print(f"{server.url}", flush=True)
         _say(f"  engine spec: vllm:{server.url}?tokenizer={server.model_dir}")
         stop.wait()

@@ -139,8 +139,8 @@ class VLLMServer:
                     f"{self.log_tail()}")
             if progress is not None and now - said >= 10.0:
                 said = now
-                last = self.log_tail(1).strip()
-                progress(f"vLLM loading ({now - started:.0f} s){': ' + last[-120:] if last else ''}")
+                last = self.log_tail(1).strip()[-120:]
+                progress(f"vLLM loading ({now - started:.0f} s){': ' + last if last else ''}")
             time.sleep(0.5)
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
