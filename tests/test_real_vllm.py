@@ -191,7 +191,9 @@ def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engi
         _, _, _, _, info = env.step({"temperature": 1.0})
     finally:
         env.close()
-    assert info["n_llm_calls"] >= 1 and info["outcome"] in ("failed", "harness_error")
+    # The outcome is the grader's (random weights fail the task); what matters here is that the
+    # model calls went through the real server and what the trace says about them.
+    assert info["n_llm_calls"] >= 1 and info["trace"], info["error"]
     checked = 0
     for segment in info["trace"]:
         n = len(segment["prompt_ids"])
