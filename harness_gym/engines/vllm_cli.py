@@ -68,5 +68,6 @@ def add_vllm_serve_command(commands: Any, common: argparse.ArgumentParser) -> No
                         help="VLLM_CPU_KVCACHE_SPACE (a CPU build's KV cache, GiB)")
     parser.add_argument("--log", default=None, help="server log file (default: a temp file)")
     parser.add_argument("--vllm-arg", action="append",
-                        help="one more argument for vLLM's command line (repeatable)")
+                        help="one more argument for vLLM's command line, as --vllm-arg=--flag "
+                             "(repeatable)")
     parser.set_defaults(handler=_vllm_serve)

@@ -157,6 +157,8 @@ class VLLMWeightTransfer:
 
 
 PauseMode = Literal["wait", "keep", "abort"]
+#: Output layers a Hugging Face model ties to its input embedding (sent as their own tensor).
+_TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 class TmpfsReloadTransfer:
@@ -202,6 +204,11 @@ class TmpfsReloadTransfer:
                 value = value.clone()
             seen.add(value.data_ptr())
             tensors[name] = value
+        for output, embedding in _TIED.items():
+            # `named_parameters()` lists a tied output layer once, as the embedding; vLLM 0.32's
+            # reload then updates the embedding but not its lm_head (measured: 1.3 nats off).
+            if output not in tensors and embedding in tensors:
+                tensors[output] = tensors[embedding].clone()
         path = self._dir / "model.safetensors"
         try:
             save_file(tensors, str(path))
