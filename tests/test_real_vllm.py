@@ -293,6 +293,6 @@ def test_closing_the_engine_stops_its_server_with_nothing_left(engine):
     group, url = server.pid, server.url
     assert _group_alive(group)
     engine.close()
-    assert not _group_alive(group)
+    assert not _group_alive(group) and not server.log_path.exists()  # its temp log went too
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")

@@ -55,14 +55,18 @@ def test_a_server_that_accepts_but_never_answers_is_named_so(monkeypatch):
             VLLMEngine([url], tokenizer="tiny")
 
 
-def test_a_python_without_vllm_makes_the_server_exit_while_loading_with_its_log(tmp_path):
+def test_a_python_without_vllm_makes_the_server_exit_while_loading_with_its_log():
     from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
 
-    server = VLLMServer(tiny_vllm_model_dir(), python=sys.executable, log_path=tmp_path / "log")
-    with pytest.raises(VLLMServerError, match="exited with code 1 while loading") as error:
-        server.start()
-    assert "No module named" in str(error.value) and "vllm" in str(error.value)
-    assert server.process is None and not _group_alive(server.group)
+    server = VLLMServer(tiny_vllm_model_dir(), python=sys.executable)  # its own temp log
+    try:
+        with pytest.raises(VLLMServerError, match="exited with code 1 while loading") as error:
+            server.start()
+        assert "No module named" in str(error.value) and "vllm" in str(error.value)
+        assert str(server.log_path) in str(error.value) and server.log_path.is_file()  # kept
+        assert server.process is None and not _group_alive(server.group)
+    finally:
+        server.log_path.unlink(missing_ok=True)
 
 
 def test_no_vllm_anywhere_says_how_to_install(tmp_path, monkeypatch):

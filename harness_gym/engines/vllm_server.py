@@ -48,8 +48,8 @@ class VLLMServer:
     """One vLLM OpenAI-compatible server process on loopback (a context manager).
 
     `logprobs_mode` is vLLM's `--logprobs-mode` (tests start a `raw_logprobs` one on purpose);
-    `extra_args` go on its command line; `log_path` defaults to a temporary file, kept after
-    `stop()` (its path is in `log_path`)."""
+    `extra_args` go on its command line; `log_path` defaults to a temporary file, removed by
+    `stop()` unless the server failed to start (its path is in `log_path`)."""
 
     def __init__(
         self,
@@ -88,6 +88,8 @@ class VLLMServer:
         self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
                     **(env or {})}
+        #: A log this server made up is removed by a clean `stop()` (kept when it failed).
+        self._own_log = log_path is None
         if log_path is None:
             handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
             os.close(handle)
@@ -112,6 +114,7 @@ class VLLMServer:
         try:
             self._wait_healthy(started, progress)
         except BaseException:
+            self._own_log = False  # the error names the log: keep it
             self.stop()
             raise
         self.startup_s = time.monotonic() - started
@@ -158,6 +161,8 @@ class VLLMServer:
         """SIGTERM the server's process group, SIGKILL what is left after `timeout_s`, and wait
         until none of its processes remains."""
         process, self.process = self.process, None
+        if self._own_log:
+            self.log_path.unlink(missing_ok=True)  # its lines stay readable to the process
         if process is None:
             return
         group = process.pid  # start_new_session: the group id is the leader's pid
