@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .tasks.family.cli import add_tasks_command
 
     add_tasks_command(commands, parents=[common])
+    from .engines.vllm_cli import add_vllm_serve_command
+
+    add_vllm_serve_command(commands, common)
     return parser
 
 
@@ -286,11 +289,14 @@ def main(argv: list[str] | None = None) -> int:
 def user_errors() -> tuple[type[Exception], ...]:
     """What a user's input can cause (a misspelt name, a missing file, an extra not installed):
     reported in one line. Anything else is a bug, and keeps its traceback."""
+    from .engines.base import EngineError
+    from .engines.vllm_install import VLLMInstallError
     from .harness import HarnessError
     from .sandbox import SandboxError
     from .tasks.log_parsers import UnknownLogParserError
 
-    return (ValueError, OSError, ImportError, HarnessError, SandboxError, UnknownLogParserError)
+    return (ValueError, OSError, ImportError, HarnessError, SandboxError, UnknownLogParserError,
+            EngineError, VLLMInstallError)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ def probe_server(url: str, model: str, prompt: list[int], timeout: httpx.Timeout
     response = httpx.post(f"{url}/v1/completions", json=body, timeout=timeout)
     if response.status_code >= 500:
         raise RetryElsewhere(f"the logprobs probe got HTTP {response.status_code}")
+    if response.status_code == 404 and "does not exist" in response.text:
+        raise VLLMConfigError(
+            f"vLLM at {url} does not serve the model {model!r}; it serves "
+            f"{_served_models(url, timeout)}: pass that as model= (or leave model= out)")
     if response.status_code != 200:
         error = error_for(response.status_code, response.text, url, len(prompt))
         raise VLLMConfigError(f"vLLM at {url} refused the logprobs probe: {error}")
@@ -87,6 +91,13 @@ def probe_server(url: str, model: str, prompt: list[int], timeout: httpx.Timeout
     as_ids = bool(tokens) and len(tokens) == len(values) and all(
         TOKEN_ID_PATTERN.fullmatch(t) for t in tokens)
     return ServerCapabilities(mode, as_ids, tuple(tokens[:3]))
+
+
+def _served_models(url: str, timeout: httpx.Timeout) -> list[str]:
+    try:
+        return [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=timeout).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return ["(GET /v1/models failed)"]
 
 
 def check_processed(url: str, mode: str, verify: VerifyLogprobs) -> None:

