@@ -38,7 +38,6 @@ episode layer passes that to the sandbox in `SandboxSpec.ro_mounts`.
 from __future__ import annotations
 
 import abc
-import fcntl
 import json
 import os
 import shutil
@@ -47,10 +46,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+
+from filelock import FileLock
 
 from .plugins import load_plugin, plugin_names
 from .sandbox.base import ExecResult, Job, Sandbox
@@ -193,18 +193,6 @@ def harness_cache_dir() -> Path:
     return Path(root).expanduser() / "harnesses"
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive flock: serializes installs across processes and, since each call opens its
-    own file description, across threads of one process too."""
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class HarnessSpec(abc.ABC):
     """One coding-agent CLI. Subclasses fill in the class attributes and the three endpoint
     functions; installing, locating and launching are shared."""
@@ -303,7 +291,7 @@ class HarnessSpec(abc.ABC):
         if self.is_installed(cache_dir):
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(target.parent / f".{target.name}.lock"):
+        with FileLock(target.parent / f".{target.name}.lock"):  # across processes and threads
             if self.is_installed(cache_dir):
                 return target
             pkg = self.package

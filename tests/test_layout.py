@@ -25,7 +25,7 @@ FLOORS = [
     {"engines", "sandbox"},                              # what samples, where code runs
     {"proxy", "harness", "tasks", "wrappers"},           # the wire, the CLI seam, tasks, wrappers
     {"config", "harnesses"},                             # one record of the settings; CLI specs
-    {"episode"},                                         # one macro-step
+    {"episode", "harness_check"},                        # one macro-step; a CLI checked alone
     {"env", "scaleout"},                                 # the env; where episodes run
     {"vector_env"},
     {"integrations", "training", "runs"},                # trainers, SFT, run files

@@ -45,9 +45,11 @@ NOT_MEASURED: dict[str, str] = {
     "up to 10 min": "scale-out.md: the retry back-off's cap, a setting",
     "defaults to 60 s, 0 means none": "design.md: a job's default timeout, a setting",
     "backoff (0.5, 1, 2, 4 s)": "design.md: the remote sandbox's retry delays, settings",
+    "1.5 GiB in one process": "reward-integrity.md: what an attack asks for, an input",
+    "copies the fix in every 10 ms": "reward-integrity.md: the attacker's period, an input",
 }
 # A number right after one of these is a version or an identifier, not a figure.
-VERSIONED = re.compile(r"(?:TRL|vLLM|Ray|License|arXiv|Python|Node|torch)\s$")
+VERSIONED = re.compile(r"(?:TRL|vLLM|Ray|License|arXiv|Python|Node|torch|Linux)\s$")
 
 
 def figures(text: str) -> list[tuple[str, str, str]]:

