@@ -171,7 +171,8 @@ def test_churn_at_0_6_adds_needless_steps_of_every_kind_to_most_demonstrations(t
     for plain, plan in churned:
         assert [s for s in plan if s.kind in ("edit", "write")] == [
             s for s in plain if s.kind in ("edit", "write")]  # the fix still lands
-    first_test = [p for _, p in churned if p[0] == Step("test") or p[:2] == [Step("ls"), Step("test")]]
+    first_test = [p for _, p in churned
+                  if p[0] == Step("test") or p[:2] == [Step("ls"), Step("test")]]
     last_test = [p for _, p in churned if p[-1] == Step("test")]
     after = [p for _, p in churned if any(
         a.kind == "edit" and b == Step("read", a.path) for a, b in zip(p, p[1:]))]

@@ -71,8 +71,9 @@ class SymptomTask:
             "repo": f"harness-gym/family-symptom-{Path(self.entry).stem.replace('_', '-')}",
             "problem_statement": self.problem_statement,
             "patch": unified_diff(self.path, self.files[self.path], self.fixed_source),
-            "test_patch": "".join(unified_diff(p, self.tests[p], self.tests_after[p])
-                                  for p in sorted(self.tests) if self.tests[p] != self.tests_after[p]),
+            "test_patch": "".join(
+                unified_diff(p, self.tests[p], self.tests_after[p])
+                for p in sorted(self.tests) if self.tests[p] != self.tests_after[p]),
             "FAIL_TO_PASS": self.fail_to_pass,
             "PASS_TO_PASS": self.pass_to_pass,
             "install_config": {"test_cmd": TEST_CMD, "log_parser": "pytest"},
