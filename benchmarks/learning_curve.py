@@ -15,11 +15,16 @@ replayed from their journal (`JournaledRollout`). The process id is in `run.pid`
    env; `RecordTraces` writes every episode (JSON Lines).
 2. `sft`: the policy fine-tuned on the passing episodes' agent segments, token for token with
    `loss_mask` as the label mask (`harness_gym.training.sft`, frozen shared prompt prefix).
-3. `grpo`: TRL `GRPOTrainer` (`FrozenPrefixGRPOTrainer`) with `make_rollout_func`: the trainer's
-   own model serves Pi in process, the reward is the env's test-gated reward with a tool penalty.
-4. `eval-base`, `eval-sft`, `eval-grpo`: each checkpoint on `family:heldout` through Pi, one
+3. `grpo`, `grpo-nopenalty`, `grpo-flat` (the arms `grpo_arms` names): TRL `GRPOTrainer`
+   (`FrozenPrefixGRPOTrainer`) with `make_rollout_func`, each from the SFT checkpoint with the
+   same budget: the trainer's own model serves Pi in process; the reward is the env's
+   test-gated reward with a tool penalty (`grpo`), without one (`grpo-nopenalty`), or the flat
+   penalty that teaches quitting (`grpo-flat`); with `grpo_dynamic_draws` > 0, groups with zero
+   reward variance are refilled (dynamic sampling; counts in each step's record).
+4. `eval-base`, `eval-sft`, `eval-grpo*`: each checkpoint on `family:heldout` through Pi, one
    episode per instance, greedy decoding: pass@1 (Wilson interval), mean tool calls on solved
-   instances (bootstrap interval), outcome counts.
+   instances (bootstrap interval), quit rate, outcome counts; the results' `summary` holds the
+   headline figures (the gated arm's gain over SFT with a paired interval).
 
 Results (every figure and the exact configuration) go to `--results`/learning_curve[_MODE].json,
 with the plot beside it as PNG, and the full preset's `plan`: its expected time per stage from
@@ -42,7 +47,15 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
-STAGES = ("demos", "sft", "grpo", "eval-base", "eval-sft", "eval-grpo")
+# GRPO arms, all from the SFT checkpoint with the same budget: `grpo` is the test-gated tool
+# penalty (the default reward), `grpo-nopenalty` has lambda = 0, `grpo-flat` the flat penalty
+# (`RewardConfig(penalty="flat")`, the quitting trap). `grpo_arms` picks which run.
+ARMS = {"gated": "grpo", "nopenalty": "grpo-nopenalty", "flat": "grpo-flat"}
+STAGES = ("demos", "sft", *ARMS.values(), "eval-base", "eval-sft",
+          *(f"eval-{stage}" for stage in ARMS.values()))
+# The results' `summary` names each checkpoint by its arm.
+SUMMARY_NAMES = {"base": "base", "sft": "sft", "grpo": "grpo_gated",
+                 "grpo-nopenalty": "grpo_nopenalty", "grpo-flat": "grpo_flat"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,8 @@ class CurveConfig:
     grpo_learning_rate: float = 1e-4
     grpo_temperature: float = 1.0
     grpo_save_steps: int = 1
+    grpo_arms: str = "gated"  # comma-separated, of ARMS
+    grpo_dynamic_draws: int = 0  # dynamic sampling: extra groups per zero-variance batch; 0 off
     tool_penalty: float = 0.05
     # evaluation
     eval_temperature: float = 0.0
@@ -84,22 +99,51 @@ class CurveConfig:
 PRESETS: dict[str, CurveConfig] = {
     # The tiny random model (2 layers): proves every stage runs and computes its metrics.
     "quick": CurveConfig(mode="quick", policy="tiny", teacher="teacher:tiny,score=0",
-                         sft_save_steps=2),
+                         sft_save_steps=2, grpo_arms="gated,nopenalty,flat",
+                         grpo_dynamic_draws=1),
     # SmolLM2 with a handful of each unit: the per-unit times that size the full run.
     "calibrate": CurveConfig(
-        mode="calibrate", policy="smollm2", teacher="teacher:smollm2", n_demo_tasks=4,
+        mode="calibrate", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=4,
         n_heldout=2, max_tokens=192, episode_timeout_s=600, sft_learning_rate=5e-5,
-        grpo_learning_rate=2e-6, grpo_temperature=0.8),
+        grpo_learning_rate=2e-6, grpo_temperature=0.8, grpo_arms="gated,nopenalty,flat",
+        grpo_dynamic_draws=4),
     # The full run, sized from the calibration (its results' `plan`) to fit 3 h of 2 cores: the
     # policy's episodes cost ~40-70 s each (one decode thread, no cross-request batching), an
     # SFT row ~15 s, so held-out instances and GRPO steps are what the budget cuts.
     "full": CurveConfig(
-        mode="full", policy="smollm2", teacher="teacher:smollm2", n_demo_tasks=100,
+        mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
         n_heldout=20, concurrent_episodes=4, max_tokens=128, episode_timeout_s=420,
         sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
         grpo_steps=4, grpo_group_size=4, grpo_groups_per_step=2, grpo_learning_rate=1e-5,
-        grpo_temperature=0.8, tool_penalty=0.05),
+        grpo_temperature=0.8, tool_penalty=0.05, grpo_arms="gated,nopenalty,flat",
+        grpo_dynamic_draws=4),
 }
+
+
+def arm_stages(config: CurveConfig) -> list[str]:
+    """The GRPO stages `config.grpo_arms` names, in ARMS order."""
+    arms = [a.strip() for a in config.grpo_arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise SystemExit(f"grpo_arms={config.grpo_arms!r}: a comma-separated subset of "
+                         f"{', '.join(ARMS)}")
+    return [stage for arm, stage in ARMS.items() if arm in arms]
+
+
+def arm_reward(stage: str, tool_penalty: float) -> dict[str, Any]:
+    """The `RewardConfig` fields of a GRPO arm (the held-out evaluations score all alike)."""
+    if stage == ARMS["nopenalty"]:
+        return {"tool_penalty": 0.0}
+    if stage == ARMS["flat"]:
+        return {"tool_penalty": tool_penalty, "penalty": "flat"}
+    return {"tool_penalty": tool_penalty}
+
+
+def wanted(stages: list[str], config: CurveConfig) -> list[str]:
+    """`stages` less the GRPO arms (and their evaluations) the configuration does not run."""
+    arms = arm_stages(config)
+    skipped = {s for s in ARMS.values() if s not in arms}
+    return [s for s in stages if s not in skipped and s.removeprefix("eval-") not in skipped]
 
 
 class Pipeline:
@@ -150,6 +194,7 @@ class Pipeline:
         if not stages and not (self.workdir / "config.json").exists():
             raise SystemExit(f"{self.workdir} holds no run to report on")
         self.check_workdir()
+        stages = wanted(stages, self.config)
         (self.workdir / "run.pid").write_text(f"{os.getpid()}\n")
         if any(self.done(stage) is None for stage in stages):
             preload()
@@ -250,6 +295,16 @@ class Pipeline:
             **trainer.frozen_prefix_stats()}
 
     def stage_grpo(self) -> dict[str, Any]:
+        return self.train_arm("grpo")
+
+    def stage_grpo_nopenalty(self) -> dict[str, Any]:
+        return self.train_arm("grpo-nopenalty")
+
+    def stage_grpo_flat(self) -> dict[str, Any]:
+        return self.train_arm("grpo-flat")
+
+    def train_arm(self, stage: str) -> dict[str, Any]:
+        """One GRPO arm from the SFT checkpoint, its reward per `arm_reward`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOConfig
 
@@ -258,13 +313,14 @@ class Pipeline:
 
         c = self.config
         start = self.checkpoint("sft")
-        out = self.stage_dir("grpo")
+        out = self.stage_dir(stage)
         model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
         tokenizer = AutoTokenizer.from_pretrained(start)
         train_tasks = self.tasks(c.train_suite, 10**9)
         rollout = make_rollout_func(
             harness=c.harness, tasks=train_tasks, max_tokens=c.max_tokens, sandbox=c.sandbox,
-            reward={"tool_penalty": c.tool_penalty}, episode_timeout_s=c.episode_timeout_s)
+            reward=arm_reward(stage, c.tool_penalty), episode_timeout_s=c.episode_timeout_s,
+            dynamic_sampling=c.grpo_dynamic_draws or None)
         logged = JournaledRollout(rollout, out, c.grpo_group_size)
         args = GRPOConfig(
             output_dir=str(out / "trainer"), per_device_train_batch_size=c.grpo_group_size,
@@ -291,6 +347,7 @@ class Pipeline:
             record["train_s"] = None if wall is None else max(0.0, wall - record["rollout_s"])
             record["train_cpu_s"] = None if cpu is None else max(0.0, cpu - record["rollout_cpu_s"])
         return {"steps": steps, "optimizer_steps": trainer.state.global_step,
+                "reward": arm_reward(stage, c.tool_penalty),
                 "log_history": trainer.state.log_history, **trainer.frozen_prefix_stats()}
 
     def evaluate(self, name: str) -> dict[str, Any]:
@@ -320,6 +377,12 @@ class Pipeline:
 
     def stage_eval_grpo(self) -> dict[str, Any]:
         return self.evaluate("grpo")
+
+    def stage_eval_grpo_nopenalty(self) -> dict[str, Any]:
+        return self.evaluate("grpo-nopenalty")
+
+    def stage_eval_grpo_flat(self) -> dict[str, Any]:
+        return self.evaluate("grpo-flat")
 
     # --- results ------------------------------------------------------------------------------
 
@@ -357,6 +420,7 @@ class Pipeline:
                 stages[stage] = metrics
         results = {"mode": self.config.mode, "config": dataclasses.asdict(self.config),
                    "machine": {"cores": os.cpu_count()}, "stages": stages}
+        results["summary"] = headline_summary(stages["eval"])
         results["targets"] = targets(stages["eval"])
         results["plan"] = self.plan(results)
         self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -374,10 +438,11 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
     a unit is a stage's wall time over its episodes; SFT and GRPO training are timed per row."""
     st = calibration["stages"]
     c, cal = config, CurveConfig(**calibration["config"])
+    # the calibration's GRPO episodes: every arm it ran
+    grpo = [s for stage in ARMS.values() for s in st.get(stage, {}).get("steps", [])]
     demos = st["demos"]
     demo_pass = demos["summary"]["n_passed"] / demos["summary"]["n_episodes"]
     sft_rows_per_pass = st["sft"]["rows"] / max(1, demos["summary"]["n_passed"])
-    grpo = st["grpo"]["steps"]
     grpo_episodes = sum(s["episodes"] for s in grpo)
     units = {
         "demo_episode_s": demos["wall_s"] / demos["summary"]["n_episodes"],
@@ -390,7 +455,8 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
                            for name, e in st["eval"].items()},
     }
     sft_rows = c.n_demo_tasks * demo_pass * sft_rows_per_pass
-    grpo_episodes_full = c.grpo_steps * c.grpo_groups_per_step * c.grpo_group_size
+    arms = len(arm_stages(c))
+    grpo_episodes_full = c.grpo_steps * c.grpo_groups_per_step * c.grpo_group_size * arms
     # A trained policy takes more turns than the base model; its episodes are costed at the
     # slowest checkpoint measured, and the worst case at the episode timeout.
     eval_s = max(units["eval_episode_s"].values())
@@ -400,7 +466,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
         "grpo": grpo_episodes_full * (units["grpo_episode_s"] + units["grpo_row_train_s"]),
         "eval-base": c.n_heldout * units["eval_episode_s"].get("base", eval_s),
         "eval-sft": c.n_heldout * eval_s,
-        "eval-grpo": c.n_heldout * eval_s,
+        "eval-grpo": c.n_heldout * eval_s * arms,  # every arm's evaluation
     }
     expected["total"] = sum(expected.values())
     return {"units": units,
@@ -418,6 +484,33 @@ def sft_row_s(sft: dict[str, Any], config: CurveConfig) -> float:
     if steps:
         return median(steps) / config.sft_grad_accum
     return sft["wall_s"] / (sft["rows"] * config.sft_epochs)
+
+
+def headline_summary(evals: dict[str, Any]) -> dict[str, Any]:
+    """The issue's headline figures: per checkpoint pass@1 (with its interval), tool calls on
+    solved episodes and quit rate (fractions 0-1); the gated arm's gain over SFT in points with
+    a paired bootstrap interval over instances; its tool-call drop on solved episodes, in %.
+    A checkpoint not evaluated is None."""
+    from harness_gym.training.evaluation import paired_difference
+
+    fields = ("pass_at_1", "pass_at_1_ci", "tool_calls_solved", "quit_rate")
+    checkpoints = {name: ({f: evals[stage][f] for f in fields} if stage in evals else None)
+                   for stage, name in SUMMARY_NAMES.items()}
+    first = next(iter(evals.values()), None)
+    out: dict[str, Any] = {
+        "heldout_instances": first["n_instances"] if first else 0,
+        "samples_per_instance": first["samples_per_instance"] if first else None,
+        "checkpoints": checkpoints,
+        "grpo_gain_points": None, "grpo_gain_ci": None, "tool_calls_drop_pct": None,
+    }
+    sft, gated = evals.get("sft"), evals.get("grpo")
+    if sft and gated:
+        gain = paired_difference(sft["episodes"], gated["episodes"])
+        out["grpo_gain_points"], out["grpo_gain_ci"] = gain["points"], gain["ci"]
+        if sft["tool_calls_solved"] and gated["tool_calls_solved"] is not None:
+            out["tool_calls_drop_pct"] = 100 * (
+                1 - gated["tool_calls_solved"] / sft["tool_calls_solved"])
+    return out
 
 
 def targets(evals: dict[str, Any]) -> dict[str, Any]:
@@ -464,13 +557,14 @@ class JournaledRollout:
             path = self.journal / f"step-{step:05d}-group-{g}.json"
             kept = json.loads(path.read_text()) if path.exists() else None
             if kept is not None and kept["task_ids"] == tasks:
-                log(f"grpo step {step} group {g}: replayed from {path.name}")
+                log(f"{self.steps.parent.name} step {step} group {g}: replayed from {path.name}")
                 groups.append(kept)
                 continue
             wall, cpu = time.monotonic(), cpu_seconds()
             rows = self.rollout(batch, trainer)
+            dynamic = self.rollout.sampling_stats[-1] if self.rollout.dynamic_sampling else None
             kept = {"task_ids": tasks, "rows": rows, "rollout_s": time.monotonic() - wall,
-                    "rollout_cpu_s": cpu_seconds() - cpu}
+                    "rollout_cpu_s": cpu_seconds() - cpu, "dynamic_sampling": dynamic}
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(kept))
             tmp.replace(path)
@@ -492,11 +586,13 @@ class JournaledRollout:
             "tool_calls_solved_mean": sum(passed) / len(passed) if passed else None,
             "completion_tokens_mean": sum(len(x) for x in out["completion_ids"]) / len(rewards),
             "prefix_cache": engine.prefix_cache_stats if engine is not None else None,
+            "dynamic_sampling": dynamic_totals(groups),
         }
         with self.steps.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        log(f"grpo step {step}: reward {record['reward_mean']:.3f}, "
-            f"{record['outcomes']}, rollout {record['rollout_s']:.0f} s")
+        log(f"{self.steps.parent.name} step {step}: reward {record['reward_mean']:.3f}, "
+            f"{record['outcomes']}, rollout {record['rollout_s']:.0f} s, "
+            f"dynamic sampling {record['dynamic_sampling']}")
 
     def read(self) -> list[dict[str, Any]]:
         if not self.steps.exists():
@@ -508,6 +604,14 @@ class JournaledRollout:
             except ValueError:
                 continue  # a torn last line of a killed run
         return list({r["step"]: r for r in records}.values())  # a resumed step: the last try
+
+
+def dynamic_totals(groups: list[dict[str, Any]]) -> dict[str, int] | None:
+    """A step's dynamic-sampling counts, summed over its groups (None when it was off)."""
+    counts = [g["dynamic_sampling"] for g in groups if g.get("dynamic_sampling")]
+    if not counts:
+        return None
+    return {k: sum(c[k] for c in counts) for k in counts[0] if k != "step"}
 
 
 class StepTimer:

@@ -24,7 +24,8 @@ from harness_gym.training.evaluation import (
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "learning_curve.py"
-STAGES = ("demos", "sft", "grpo", "eval-base", "eval-sft", "eval-grpo")
+STAGES = ("demos", "sft", "grpo", "grpo-nopenalty", "grpo-flat", "eval-base", "eval-sft",
+          "eval-grpo", "eval-grpo-nopenalty", "eval-grpo-flat")
 
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -82,20 +83,31 @@ def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
 
 
 @quick_test
-def test_grpo_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(quick):
-    grpo = metrics(quick, "grpo")
+@pytest.mark.parametrize("arm", ["grpo", "grpo-nopenalty", "grpo-flat"])
+def test_each_grpo_arm_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(
+        quick, arm):
+    grpo = metrics(quick, arm)
     (step,) = grpo["steps"]
     assert step["step"] == 1 and step["episodes"] == 4  # one group of 4 through Pi
     assert sum(step["outcomes"].values()) == 4
     assert step["rollout_s"] > 0 and step["train_s"] is not None
     assert step["prefix_cache"]["hits"] >= 1  # the group shared its system prompt
     assert grpo["optimizer_steps"] == 1
-    assert (quick["work"] / "grpo" / "trainer" / "checkpoint-1").is_dir()  # resumable
-    assert (quick["work"] / "grpo" / "model" / "model.safetensors").exists()
+    assert (quick["work"] / arm / "trainer" / "checkpoint-1").is_dir()  # resumable
+    assert (quick["work"] / arm / "model" / "model.safetensors").exists()
+    assert grpo["reward"] == {"grpo": {"tool_penalty": 0.05},
+                              "grpo-nopenalty": {"tool_penalty": 0.0},
+                              "grpo-flat": {"tool_penalty": 0.05, "penalty": "flat"}}[arm]
+    # dynamic sampling: a group with no reward spread drew one more (the budget), and the
+    # counts add up
+    dynamic = step["dynamic_sampling"]
+    assert dynamic["groups"] == 1 and dynamic["extra_draws"] <= 1
+    assert dynamic["kept"] + dynamic["masked"] == 1
+    assert dynamic["dropped_zero_variance"] >= dynamic["masked"]
 
 
 @quick_test
-@pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo"])
+@pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo", "grpo-nopenalty", "grpo-flat"])
 def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
     evaluation = metrics(quick, f"eval-{checkpoint}")
     summary = evaluation["summary"]
@@ -111,9 +123,29 @@ def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
 def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(quick):
     results = json.loads((quick["results"] / "learning_curve_quick.json").read_text())
     assert results["mode"] == "quick" and results["config"]["policy"] == "tiny"
-    assert set(results["stages"]) == {"demos", "sft", "grpo", "eval"}
-    assert set(results["stages"]["eval"]) == {"base", "sft", "grpo"}
+    assert set(results["stages"]) == {"demos", "sft", "grpo", "grpo-nopenalty", "grpo-flat",
+                                      "eval"}
+    assert set(results["stages"]["eval"]) == {"base", "sft", "grpo", "grpo-nopenalty",
+                                              "grpo-flat"}
     assert "sft_pass_at_1" in results["targets"]
+    summary = results["summary"]
+    assert summary["heldout_instances"] == 2 and summary["samples_per_instance"] == 1
+    assert set(summary["checkpoints"]) == {"base", "sft", "grpo_gated", "grpo_nopenalty",
+                                           "grpo_flat"}
+    for name, figures in summary["checkpoints"].items():
+        stage = {"grpo_gated": "grpo", "grpo_nopenalty": "grpo-nopenalty",
+                 "grpo_flat": "grpo-flat"}.get(name, name)
+        evaluated = results["stages"]["eval"][stage]
+        assert set(figures) == {"pass_at_1", "pass_at_1_ci", "tool_calls_solved", "quit_rate"}
+        assert figures["pass_at_1"] == evaluated["pass_at_1"]
+        assert 0 <= figures["pass_at_1"] <= 1
+        assert figures["quit_rate"] is None or 0 <= figures["quit_rate"] <= 1
+    gain = summary["grpo_gain_points"]
+    assert gain == pytest.approx(100 * (summary["checkpoints"]["grpo_gated"]["pass_at_1"]
+                                        - summary["checkpoints"]["sft"]["pass_at_1"]))
+    low, high = summary["grpo_gain_ci"]
+    assert low <= gain <= high
+    assert "tool_calls_drop_pct" in summary
     png = (quick["results"] / "learning_curve_quick.png").read_bytes()
     assert png.startswith(b"\x89PNG")
 
@@ -173,7 +205,8 @@ def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
     units = plan["units"]
     assert expected["demos"] == pytest.approx(full.n_demo_tasks * units["demo_episode_s"])
     assert plan["sizes"]["grpo_episodes"] == (full.grpo_steps * full.grpo_groups_per_step
-                                              * full.grpo_group_size)
+                                              * full.grpo_group_size
+                                              * len(learning_curve.arm_stages(full)))
 
 
 @quick_test
@@ -204,7 +237,7 @@ def test_a_bootstrap_interval_brackets_the_mean_and_narrows_with_more_data():
 
 
 def test_pass_at_1_leaves_out_infra_errors_and_counts_timeouts_as_failures():
-    episodes = ([{"outcome": "passed", "n_tool_calls": 2, "task_id": "a"}] * 3
+    episodes = ([{"outcome": "passed", "n_tool_calls": 2, "task_id": f"a{i}"} for i in range(3)]
                 + [{"outcome": "timeout", "n_tool_calls": 30, "task_id": "b"}]
                 + [{"outcome": "infra_error", "n_tool_calls": 0, "task_id": "c"}] * 2)
     summary = summarize(episodes)

@@ -31,6 +31,7 @@ from support.task_sandboxes import task_sandbox
 FIXTURES = Path(__file__).parent / "fixtures"
 BUILTIN = load_tasks("builtin")
 TRAIN = load_tasks("family:train")
+SYMPTOM = load_tasks("family-symptom:train")
 PI_TOOLS = [t.template_dict() for t in parse_chat_request(
     json.loads((FIXTURES / "pi_requests.json").read_text())[0]["body"]).tools]
 
@@ -156,6 +157,37 @@ def test_a_plan_reads_the_file_then_edits_it_and_churn_is_a_seeded_fraction(tiny
     assert plans(0.3, 0) == churned  # seeded
     assert plans(0.3, 1) != churned
     assert all(len(plan) > 2 for plan in plans(1.0, 0))
+
+
+def test_churn_at_0_6_adds_needless_steps_of_every_kind_to_most_demonstrations(tiny_teacher):
+    tools = AgentTools.from_specs(PI_TOOLS)
+    teacher = TeacherEngine(tiny_teacher.tokenizer, max_context=4096,
+                            stop_token_ids=tiny_teacher.stop_token_ids, churn=0.6)
+    direct = TeacherEngine(tiny_teacher.tokenizer, max_context=4096,
+                           stop_token_ids=tiny_teacher.stop_token_ids, churn=0.0)
+    pairs = [(direct.plan(t, tools), teacher.plan(t, tools)) for t in TRAIN]
+    churned = [(a, b) for a, b in pairs if len(b) > len(a)]
+    assert 0.5 <= len(churned) / len(TRAIN) <= 0.7
+    for plain, plan in churned:
+        assert [s for s in plan if s.kind in ("edit", "write")] == [
+            s for s in plain if s.kind in ("edit", "write")]  # the fix still lands
+    first_test = [p for _, p in churned
+                  if p[0] == Step("test") or p[:2] == [Step("ls"), Step("test")]]
+    last_test = [p for _, p in churned if p[-1] == Step("test")]
+    after = [p for _, p in churned if any(
+        a.kind == "edit" and b == Step("read", a.path) for a, b in zip(p, p[1:]))]
+    assert first_test and last_test and after
+
+
+def test_a_symptom_task_is_demonstrated_from_ls_and_the_module_its_statement_calls(tiny_teacher):
+    tools = AgentTools.from_specs(PI_TOOLS)
+    teacher = TeacherEngine(tiny_teacher.tokenizer, max_context=4096,
+                            stop_token_ids=tiny_teacher.stop_token_ids, churn=0.0)
+    for task in SYMPTOM[:20]:
+        family = task.extra["family"]
+        assert teacher.plan(task, tools) == [Step("ls"), Step("read", family["entry"]),
+                                             Step("read", family["path"]),
+                                             Step("edit", family["path"])]
 
 
 # --- tokens -----------------------------------------------------------------------------------
@@ -299,3 +331,35 @@ def test_teacher_demonstrations_pass_through_the_real_pi_cli(tiny_teacher):
             for pair in call["arguments"].get("edits", []):
                 assert any(pair["oldText"] in result for _, result in pairs[:index])
     assert len(infos[-1][1]) > 2  # the churned demonstration took needless steps
+
+
+@pytest.mark.slow
+def test_churned_symptom_demonstrations_take_more_tool_calls_and_still_pass_through_pi(
+        tiny_teacher):
+    """One symptom-tier task through the real Pi CLI, without and with churn."""
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    tools = AgentTools.from_specs(PI_TOOLS)
+
+    def teacher(churn: float) -> TeacherEngine:
+        return TeacherEngine(tiny_teacher.tokenizer, max_context=tiny_teacher.max_context,
+                             stop_token_ids=tiny_teacher.stop_token_ids,
+                             scorer=tiny_teacher.scorer, churn=churn)
+
+    # a task whose churned plan runs the tests (the grader's pytest, in the agent's shell)
+    task = next(t for t in SYMPTOM if Step("test") in teacher(1.0).plan(t, tools))
+    calls = {}
+    for churn in (0.0, 1.0):
+        engine = teacher(churn)
+        env = gym.make("HarnessSWE-v0", harness="pi", tasks=[task], engine=engine,
+                       sandbox="local", episode_timeout_s=300)
+        try:
+            env.reset(options={"task_id": task.instance_id})
+            _, reward, _, _, info = env.step(None)
+        finally:
+            env.close()
+        assert info["outcome"] == "passed", (info["error"], info["harness_output"]["tail"])
+        assert changed_lines(info["patch"]) == changed_lines(task.patch)
+        assert info["n_tool_calls"] == len(engine.plan(task, tools))
+        calls[churn] = info["n_tool_calls"]
+    assert calls[1.0] > calls[0.0] >= 4  # ls, read the front module, read the helper, edit

@@ -9,8 +9,12 @@ learn that: every token it is trained to emit follows from text in its context. 
 replace is not in what was read, the teacher says so and stops instead of guessing.
 
 A seeded fraction of demonstrations (`churn`, default 0.3; chosen per task, so reruns agree)
-also take needless steps: an `ls` first, reading the file twice, or running the tests at the
-end. That is tool churn for a tool-call penalty to remove later.
+also take one or two needless steps (`CHURN`): an `ls` first, reading a file twice, running the
+tests before reading or after the fix, reading the fixed file again. That is tool churn for a
+tool-call penalty to remove later (`teacher:smollm2,churn=0.6` churns on ~60% of tasks).
+
+Symptom-tier tasks (`family-symptom:*`, whose statement names no file) start with `ls` and the
+module the statement's call lives in (`family.entry`), whose import names the file to fix.
 
 Its tokens are the POLICY's: `teacher:smollm2` answers in SmolLM2's tokenizer, and its tool calls
 are the Hermes-style `<tool_call>` blocks the policy's chat template renders (the proxy renders
@@ -48,6 +52,9 @@ StepKind = Literal["ls", "read", "edit", "write", "test"]
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_start\|>|\Z)", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
 TEST_COMMAND = "python -m pytest -q"
+# Needless steps a churned demonstration takes: an `ls` first, the first file read twice, the
+# tests run before anything is read or after the fix, the fixed file read again.
+CHURN = ("ls", "reread", "test_first", "test_last", "reread_after")
 
 
 @dataclass(frozen=True)
@@ -92,17 +99,13 @@ class TeacherEngine(ScriptedEngine):
     def plan(self, task: Any, tools: AgentTools) -> list[Step]:
         """The tool steps of `task`'s demonstration (the final answer follows them)."""
         files = _files_in_statement_order(task)
-        steps = [Step("read", f.path) for f in files if not f.new_file]
+        steps = _entry_steps(task, files, tools)
+        steps += [Step("read", f.path) for f in files if not f.new_file]
         steps += [Step("write" if f.new_file else "edit", f.path) for f in files]
         rng = random.Random(f"teacher:{self.seed}:{task.instance_id}")
         if rng.random() < self.churn:
-            extras = rng.sample(["ls", "reread", "test"], rng.choice([1, 2]))
-            if "reread" in extras and steps and steps[0].kind == "read":
-                steps.insert(1, steps[0])
-            if "ls" in extras and tools.shell:
-                steps.insert(0, Step("ls"))
-            if "test" in extras and tools.shell:
-                steps.append(Step("test"))
+            for extra in rng.sample(CHURN, rng.choice([1, 2])):
+                _add_churn(steps, extra, tools)
         return steps
 
     # --- the script ---------------------------------------------------------------------------
@@ -257,6 +260,33 @@ def _files_in_statement_order(task: Any) -> list[FilePatch]:
         return at if at >= 0 else len(statement)
 
     return sorted(files, key=mention)
+
+
+def _entry_steps(task: Any, files: list[FilePatch], tools: AgentTools) -> list[Step]:
+    """A symptom-tier task (`family.entry`: the module the statement's call lives in, which the
+    fix does not touch): list the repo, then read that module, whose import names the file to
+    fix; so every path the teacher opens was in its context first."""
+    extra = getattr(task, "extra", None) or {}
+    entry = (extra.get("family") or {}).get("entry")
+    if not entry or entry in {f.path for f in files}:
+        return []
+    return [Step("ls")] * bool(tools.shell) + [Step("read", entry)]
+
+
+def _add_churn(steps: list[Step], extra: str, tools: AgentTools) -> None:
+    """Put one needless step of kind `extra` (see `CHURN`) into `steps`, in place."""
+    reads = [i for i, s in enumerate(steps) if s.kind == "read"]
+    changes = [i for i, s in enumerate(steps) if s.kind in ("edit", "write")]
+    if extra == "ls" and tools.shell:
+        steps.insert(0, Step("ls"))
+    elif extra == "reread" and reads:
+        steps.insert(reads[0] + 1, steps[reads[0]])
+    elif extra == "test_first" and tools.shell:
+        steps.insert(reads[0] if reads else 0, Step("test"))
+    elif extra == "test_last" and tools.shell:
+        steps.append(Step("test"))
+    elif extra == "reread_after" and changes and steps[changes[-1]].kind == "edit":
+        steps.insert(changes[-1] + 1, Step("read", steps[changes[-1]].path))
 
 
 def _paths(steps: list[Step]) -> str:

@@ -79,6 +79,7 @@ from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
+from .dynamic_sampling import DynamicSampling, refill_groups
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ def make_rollout_func(
     max_tokens: int | None = None,
     config: EpisodeConfig | None = None,
     executor: ExecutorSpec = "threads",
+    dynamic_sampling: DynamicSampling | int | None = None,
     **settings: Any,
 ) -> HarnessRolloutFunc:
     """A `rollout_func` for `GRPOTrainer` that runs one harness episode per prompt row.
@@ -105,6 +107,9 @@ def make_rollout_func(
     `test_timeout_s`, `context_overflow`, `progress`, ...), or pass `config=`; sampling comes
     from the trainer's arguments. `harness` defaults to the config's (Pi). `executor` is where
     the episodes run, as `make_vec` takes it ("threads", "ray", a `RayCluster`).
+    `dynamic_sampling` (a `DynamicSampling`, or its `max_extra_draws` as an int) replaces
+    groups whose rewards are all equal by freshly drawn ones and masks what is left out of the
+    loss (`integrations/dynamic_sampling.py`); each call's counts go to `sampling_stats`.
     """
     given = {"progress": False} if config is None else {}
     given.update(settings)
@@ -116,6 +121,8 @@ def make_rollout_func(
         EpisodeConfig.build(config, **given), tasks=tasks,
         group_size=group_size, max_tokens=max_tokens, use_trainer_model=engine is None,
         executor=executor,
+        dynamic_sampling=(DynamicSampling(max_extra_draws=dynamic_sampling)
+                          if isinstance(dynamic_sampling, int) else dynamic_sampling),
     )
 
 
@@ -137,6 +144,7 @@ class HarnessRolloutFunc:
         max_tokens: int | None,
         use_trainer_model: bool,
         executor: ExecutorSpec = "threads",
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be positive, got {group_size}")
@@ -156,6 +164,10 @@ class HarnessRolloutFunc:
         self._envs: dict[tuple[int, int], Any] = {}
         self._callback_added: set[int] = set()
         self.last_infos: dict[str, Any] | None = None  # the latest step's batched infos
+        self.dynamic_sampling = dynamic_sampling
+        # one record per call with dynamic sampling: step, groups, kept, dropped_zero_variance,
+        # refilled, masked, extra_draws
+        self.sampling_stats: list[dict[str, int]] = []
 
     @property
     def engine(self) -> Engine | None:
@@ -169,6 +181,20 @@ class HarnessRolloutFunc:
         tasks = [self.task_for(p) for p in prompts]
         group = self._group_size(tasks, trainer)
         self._close_at_train_end(trainer)
+        rows = self._run(tasks, group, trainer)
+        if self.dynamic_sampling is not None and group > 1:
+            version = int(trainer.state.global_step)
+            in_batch = {t.instance_id for t in tasks}
+            rows, stats = refill_groups(
+                rows, group, [t for t in self.tasks if t.instance_id not in in_batch],
+                lambda drawn: self._run([t for t in drawn for _ in range(group)], group, trainer),
+                self.dynamic_sampling, step=version)
+            self.sampling_stats.append({"step": version, **stats})
+            log.info("dynamic sampling, step %d: %s", version, stats)
+        return rows
+
+    def _run(self, tasks: list[Task], group: int, trainer: Any) -> dict[str, list[Any]]:
+        """One env step over `tasks` (runs of `group` identical ones): the rows."""
         model = _unwrap(trainer)
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
         version = int(trainer.state.global_step)

@@ -12,8 +12,9 @@ from typing import Any
 __all__ = ["CHECKPOINTS", "README_BEGIN", "README_END", "load_results", "plot_learning_curve",
            "readme_block", "replace_readme_block", "results_table"]
 
-CHECKPOINTS = ("base", "sft", "grpo")
-LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO"}
+CHECKPOINTS = ("base", "sft", "grpo", "grpo-nopenalty", "grpo-flat")
+LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT + GRPO",
+          "grpo-nopenalty": "GRPO, no penalty", "grpo-flat": "GRPO, flat penalty"}
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
@@ -74,13 +75,19 @@ def plot_learning_curve(results: Mapping[str, Any], path: str | Path | None = No
         ax_tools.text(0.5, 0.5, "no solved instances", ha="center", transform=ax_tools.transAxes)
     ax_tools.set_title("tool calls on solved (95% bootstrap CI)")
 
-    steps = results["stages"].get("grpo", {}).get("steps", [])
-    if steps:
-        x = [s["step"] for s in steps]
-        ax_reward.plot(x, [s["reward_mean"] for s in steps], "o-", label="mean reward")
-        ax_reward.plot(x, [s["pass_rate"] for s in steps], "s--", label="pass rate", alpha=0.7)
-        ax_reward.legend()
-    ax_reward.set_ylim(-0.05, 1.05)
+    lowest = -0.05
+    for arm in CHECKPOINTS[2:]:  # each GRPO arm's rollouts
+        steps = results["stages"].get(arm, {}).get("steps", [])
+        if steps:
+            x = [s["step"] for s in steps]
+            ax_reward.plot(x, [s["reward_mean"] for s in steps], "o-",
+                           label=f"{LABELS[arm]}: mean reward")
+            ax_reward.plot(x, [s["pass_rate"] for s in steps], "s--", alpha=0.7,
+                           label=f"{LABELS[arm]}: pass rate")
+            lowest = min(lowest, *(s["reward_mean"] - 0.05 for s in steps))  # flat: below 0
+    if ax_reward.lines:
+        ax_reward.legend(fontsize="small")
+    ax_reward.set_ylim(lowest, 1.05)
     ax_reward.set_xlabel("GRPO step")
     ax_reward.set_title("GRPO rollouts (train tasks)")
 

@@ -13,15 +13,25 @@ real CLI: the file is ~15-25 lines.
 
 Modules: `names` (the fixed vocabulary split), `bugs` (the kinds), `suite` (drawing, writing,
 the in-process self-check), `store` (the cache behind the `family` entry point and
-`validate_family`), `cli` (`harness-gym tasks generate|validate`).
+`validate_family`), `cli` (`harness-gym tasks generate|validate`), `symptom` (the harder tier,
+`load_tasks("family-symptom:train")`: the bug sits in a helper another module calls, and the
+statement quotes only the wrong result).
 """
 
 from __future__ import annotations
 
 from .bugs import KINDS
 from .names import HELDOUT_NOUNS, SPLITS, TRAIN_NOUNS
-from .store import DEFAULT_SIZES, family_dir, load_family, validate_family
+from .store import (
+    DEFAULT_SIZES,
+    family_dir,
+    load_family,
+    load_symptom_family,
+    symptom_dir,
+    validate_family,
+)
 from .suite import FAMILY_VERSION, FamilyTask, SelfCheckError, generate_split, write_family
+from .symptom import SYMPTOM_VERSION, SymptomTask, generate_symptom_split, write_symptom_family
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -29,12 +39,18 @@ __all__ = [
     "HELDOUT_NOUNS",
     "KINDS",
     "SPLITS",
+    "SYMPTOM_VERSION",
     "TRAIN_NOUNS",
     "FamilyTask",
     "SelfCheckError",
+    "SymptomTask",
     "family_dir",
     "generate_split",
+    "generate_symptom_split",
     "load_family",
+    "load_symptom_family",
+    "symptom_dir",
     "validate_family",
     "write_family",
+    "write_symptom_family",
 ]

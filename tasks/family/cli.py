@@ -26,6 +26,9 @@ def _add_actions(parser: argparse.ArgumentParser, parents: list[argparse.Argumen
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--train", type=int, default=200, help="training tasks")
     generate.add_argument("--heldout", type=int, default=50, help="held-out tasks")
+    generate.add_argument("--tier", choices=("one-file", "symptom"), default="one-file",
+                          help="one-file: the statement names the fix; symptom: a helper's bug, "
+                               "only its symptom stated")
     generate.add_argument("--validate", action="store_true",
                           help="then validate every task in a sandbox (slow: 4-15 s a task)")
     generate.add_argument("--sandbox", default="local", help="sandbox for --validate")
@@ -45,8 +48,10 @@ def _add_actions(parser: argparse.ArgumentParser, parents: list[argparse.Argumen
 
 def _generate(args: argparse.Namespace) -> int:
     from .suite import write_family
+    from .symptom import write_symptom_family
 
-    out = write_family(Path(args.out), seed=args.seed, train=args.train, heldout=args.heldout)
+    write = write_symptom_family if args.tier == "symptom" else write_family
+    out = write(Path(args.out), seed=args.seed, train=args.train, heldout=args.heldout)
     print(f"wrote {args.train} training and {args.heldout} held-out tasks to {out.resolve()}")
     if args.validate:
         args.directory, args.runs = str(out), 1

@@ -24,11 +24,13 @@ from typing import Any
 
 from ...engines._cache import build_once
 from ..task import TaskError
-from . import bugs, names, suite
+from . import bugs, names, suite, symptom
 from .names import SPLITS
 from .suite import FAMILY_VERSION, write_family
+from .symptom import SYMPTOM_VERSION, write_symptom_family
 
-__all__ = ["DEFAULT_SIZES", "family_dir", "load_family", "validate_family"]
+__all__ = ["DEFAULT_SIZES", "family_dir", "load_family", "load_symptom_family",
+           "symptom_dir", "validate_family"]
 
 DEFAULT_SIZES = {"train": 200, "heldout": 50}
 VALIDATION_FILE = "validation.json"
@@ -42,10 +44,18 @@ def family_dir(*, seed: int = 0, train: int = 200, heldout: int = 50) -> Path:
     return build_once(name, lambda out: write_family(out, seed=seed, train=train, heldout=heldout))
 
 
-def generator_digest() -> str:
+def symptom_dir(*, seed: int = 0, train: int = 200, heldout: int = 50) -> Path:
+    """The cached symptom tier (both splits), generated if missing (~2 s)."""
+    name = (f"task-family-symptom-{SYMPTOM_VERSION}-{generator_digest(symptom)}"
+            f"-seed{seed}-{train}-{heldout}")
+    return build_once(
+        name, lambda out: write_symptom_family(out, seed=seed, train=train, heldout=heldout))
+
+
+def generator_digest(*extra: Any) -> str:
     """Eight hex digits of the generator's source (the modules that decide a task's content)."""
     digest = hashlib.sha256()
-    for module in (names, bugs, suite):
+    for module in (names, bugs, suite, *extra):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:8]
 
@@ -56,6 +66,15 @@ def load_family(arg: str = "") -> Path:
     if split not in SPLITS:
         raise TaskError(f"unknown family split {split!r}: use family:train or family:heldout")
     return family_dir(seed=0, **DEFAULT_SIZES) / split
+
+
+def load_symptom_family(arg: str = "") -> Path:
+    """Entry point for `tasks="family-symptom:<split>"` (the harder tier; `symptom`)."""
+    split = arg or "train"
+    if split not in SPLITS:
+        raise TaskError(f"unknown family-symptom split {split!r}: use family-symptom:train or "
+                        "family-symptom:heldout")
+    return symptom_dir(seed=0, **DEFAULT_SIZES) / split
 
 
 def validate_family(
