@@ -37,7 +37,7 @@ from ..sandbox.base import ExecResult, Sandbox, SandboxError
 from . import sandbox_grading
 from .diffs import paths_touched_by
 from .git_hash import tree_entries
-from .grading_report import RunnerReport, read_report
+from .grading_report import RunnerReport
 from .loader import BUILD_LITTER
 from .log_parsers import PYTEST_LOG_PARSERS
 from .sandbox_git import (

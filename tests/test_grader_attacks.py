@@ -18,7 +18,7 @@ import pytest
 from harness_gym.tasks import GradeResult, Task, TestStatus, apply_patch, grade, load_tasks, materialize
 
 from harness_gym.sandbox import load_sandbox
-from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxError, SandboxSpec
+from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox.bwrap import bwrap_available
 from harness_gym.sandbox.docker import docker_unavailable
 

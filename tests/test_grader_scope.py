@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from harness_gym.tasks import TestStatus
 from harness_gym.tasks.grading_report import read_report
-from harness_gym.tasks.sandbox_grading.channel import Channel, encode, mac
+from harness_gym.tasks.sandbox_grading.channel import Channel, encode
 from harness_gym.tasks.test_scope import (
     BaseEntry,
     in_test_scope,

@@ -17,7 +17,7 @@ from support.engines import RecordingEngine, tool_call_script
 from support.thinking import thinking, thinking_tokenizer
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import SamplingParams, load_engine
+from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.engines.transformers_engine import TransformersEngine
 from harness_gym.proxy import InterceptionProxy

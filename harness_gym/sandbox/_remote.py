@@ -29,7 +29,6 @@ from ._reaper import CloudReaper
 from ._remote_shell import (
     KILLED_EXIT_CODE,
     LAYOUT_SCRIPT,
-    TIMEOUT_EXIT_CODE,
     exec_script,
     job_script,
     kill_marked_script,
@@ -38,6 +37,7 @@ from ._remote_shell import (
     untar_script,
 )
 from .base import (
+    TIMEOUT_EXIT_CODE,
     ExecResult,
     Job,
     Sandbox,
@@ -286,10 +286,6 @@ class RemoteJob(Job):
         self._timed_out = False
         self._lost: Exception | None = None  # why we lost the command (its machine died)
 
-    def _await_exit(self, timeout: float | None) -> bool:
-        """Wait until the command ends (True) or `timeout` runs out (False)."""
-        raise NotImplementedError
-
     def _kill_process(self) -> None:
         """Kill the SDK's process; one that is gone already is no error."""
         raise NotImplementedError
@@ -302,18 +298,13 @@ class RemoteJob(Job):
         if self._lost is not None and not self._killed:
             raise self._sandbox._sdk_error(f"follow background job {self.id}", self._lost)
 
-    def wait(self, timeout: float | None = None) -> ExecResult:
-        if not self._await_exit(timeout):
-            self._timed_out = True
-            self.kill()
-        code = TIMEOUT_EXIT_CODE if self._timed_out else self.poll()
-        return ExecResult(
-            exit_code=KILLED_EXIT_CODE if code is None else code,
-            stdout=self._sandbox._read_text(self.stdout_path),
-            stderr=self._sandbox._read_text(self.stderr_path),
-            timed_out=self._timed_out,
-            duration_s=time.monotonic() - self._started,
-        )
+    def _ended_code(self) -> int:
+        code = self.poll()
+        return KILLED_EXIT_CODE if code is None else code
+
+    def _output(self) -> tuple[str, str]:
+        return (self._sandbox._read_text(self.stdout_path),
+                self._sandbox._read_text(self.stderr_path))
 
     def kill(self) -> None:
         if self._sandbox._closed:

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .base import SandboxError
 
-TIMEOUT_EXIT_CODE = 124
 KILLED_EXIT_CODE = 137  # what our wrapper shell reports for a SIGKILLed command
 
 

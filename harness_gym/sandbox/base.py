@@ -11,6 +11,7 @@ Backends: `bwrap` (the default), `docker`, `local` (no isolation: never chosen f
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not be created, a command could not be started)."""
 
 
+TIMEOUT_EXIT_CODE = 124  # what `timeout(1)` reports: a command killed at its deadline
 DEFAULT_PIDS = 1024  # processes and threads per sandbox
 DEFAULT_MEMORY_BYTES = 4 * 2**30
 DEFAULT_DISK_BYTES = 4 * 2**30
@@ -97,12 +99,44 @@ class SandboxSpec:
 
 
 class Job(abc.ABC):
-    """A background command in its own process group."""
+    """A background command in its own process group.
 
-    @abc.abstractmethod
+    Waiting is the same on every backend (`wait`): wait for the exit, kill the group at the
+    deadline, then the result. A backend says how to wait (`_await_exit`), what the exit code
+    was once the command ended (`_ended_code`) and where its output is (`_output`).
+    """
+
+    _started: float  # time.monotonic() when the command started
+    _timed_out: bool = False  # a wait ran out and killed it: every later wait says so too
+
     def wait(self, timeout: float | None = None) -> ExecResult:
         """Wait for the command; on timeout kill its whole process group and return with
-        `timed_out=True`."""
+        `timed_out=True` (exit code 124)."""
+        if not self._await_exit(timeout):
+            self._timed_out = True
+            self.kill()
+        return self._result(*self._output())
+
+    def _result(self, stdout: str, stderr: str) -> ExecResult:
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if self._timed_out else self._ended_code(),
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=self._timed_out,
+            duration_s=time.monotonic() - self._started,
+        )
+
+    @abc.abstractmethod
+    def _await_exit(self, timeout: float | None) -> bool:
+        """Wait until the command ends (True) or `timeout` runs out (False)."""
+
+    @abc.abstractmethod
+    def _ended_code(self) -> int:
+        """The exit code of a command that has ended (or was killed)."""
+
+    @abc.abstractmethod
+    def _output(self) -> tuple[str, str]:
+        """What the command wrote to stdout and stderr (the last `OUTPUT_LIMIT_BYTES` each)."""
 
     @abc.abstractmethod
     def kill(self) -> None:

@@ -67,7 +67,6 @@ import io
 import os
 import posixpath
 import select
-import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -92,7 +91,7 @@ from .base import (
     SandboxLimits,
     SandboxSpec,
 )
-from .local import OUTPUT_LIMIT_BYTES, TIMEOUT_EXIT_CODE, _argv, _rmtree
+from .local import OUTPUT_LIMIT_BYTES, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -238,7 +237,7 @@ class DockerJob(Job):
         info = self._box._api.exec_inspect(self.exec_id)
         return None if info["Running"] or info["ExitCode"] is None else int(info["ExitCode"])
 
-    def _exit_code(self) -> int:
+    def _reported_exit_code(self) -> int:
         """The wrapper's exit code; the daemon may report it a moment after the stream ends."""
         for _ in range(500):
             code = self._inspect_exit()
@@ -247,20 +246,35 @@ class DockerJob(Job):
             time.sleep(0.01)
         raise SandboxError(f"docker exec {self.exec_id} did not report an exit code")
 
-    def _finish(self, timeout: float | None) -> tuple[bytes, bytes]:
-        """Wait for the command, killing it at the deadline; what the stream carried."""
-        if self._sock.closed:  # waited for before
+    def _await_exit(self, timeout: float | None) -> bool:
+        return self._sock.closed or self._ended(timeout)  # closed: waited for before
+
+    def _drain(self) -> tuple[bytes, bytes]:
+        """What the exec stream carried (once: it is closed after), and the exit code."""
+        if self._sock.closed:
             return b"", b""
-        if not self._ended(timeout):
-            self._timed_out = True
-            self._box._kill_marked(procs.JOB_MARKER, self.id)
-            self._ended(10)
         out_err = self._read_stream()
         self.close_stream()
         with self._lock:
             if self._code is None:
-                self._code = self._exit_code()
+                self._code = self._reported_exit_code()
         return out_err
+
+    def _ended_code(self) -> int:
+        self._drain()
+        assert self._code is not None, "_drain reads the exit code"
+        return self._code
+
+    def _output(self) -> tuple[str, str]:
+        self._drain()  # a background job's output is in its files, not on the stream
+        return self._box._read_text(self.stdout_path), self._box._read_text(self.stderr_path)
+
+    def _finish(self, timeout: float | None) -> tuple[bytes, bytes]:
+        """`exec`'s wait: the command's output is what its stream carried."""
+        if not self._await_exit(timeout):
+            self._timed_out = True
+            self.kill()
+        return self._drain()
 
     def close_stream(self) -> None:
         """Close the exec's connection to the daemon (SocketIO.close leaves the socket open)."""
@@ -278,22 +292,6 @@ class DockerJob(Job):
                 self._code = self._inspect_exit()
             return self._code
 
-    def wait(self, timeout: float | None = None) -> ExecResult:
-        self._finish(timeout)
-        return self._result(
-            self._box._read_text(self.stdout_path), self._box._read_text(self.stderr_path)
-        )
-
-    def _result(self, stdout: str, stderr: str) -> ExecResult:
-        code = TIMEOUT_EXIT_CODE if self._timed_out else self._code
-        assert code is not None, "_finish() sets the exit code"
-        return ExecResult(
-            exit_code=code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=self._timed_out,
-            duration_s=time.monotonic() - self._started,
-        )
 
     def kill(self) -> None:
         """Kill the command and everything carrying its mark, then wait for the wrapper."""
@@ -303,7 +301,7 @@ class DockerJob(Job):
         if not self._sock.closed and self._ended(10):
             with self._lock:
                 if self._code is None:
-                    self._code = self._exit_code()
+                    self._code = self._reported_exit_code()
 
 
 # -- the sandbox -----------------------------------------------------------------------------

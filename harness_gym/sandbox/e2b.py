@@ -35,8 +35,8 @@ from typing import Any
 
 from ._reaper import DEFAULT_STOP_DELAYS_S
 from ._remote import RemoteJob, RemoteShellBackend, RemoteShellSandbox
-from ._remote_shell import KILLED_EXIT_CODE, TIMEOUT_EXIT_CODE
-from .base import ExecResult, SandboxError, SandboxSpec
+from ._remote_shell import KILLED_EXIT_CODE
+from .base import TIMEOUT_EXIT_CODE, ExecResult, SandboxError, SandboxSpec
 
 STREAM_RECONNECTS = 3  # a background command's stream may drop while its VM runs on
 DEADLINE_SLACK_S = 0.05  # the SDK's deadline starts a little after our clock does

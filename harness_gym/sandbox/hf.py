@@ -29,8 +29,8 @@ from typing import Any
 
 from ._reaper import DEFAULT_STOP_DELAYS_S
 from ._remote import RemoteJob, RemoteShellBackend, RemoteShellSandbox
-from ._remote_shell import KILLED_EXIT_CODE, TIMEOUT_EXIT_CODE
-from .base import ExecResult, SandboxError, SandboxSpec
+from ._remote_shell import KILLED_EXIT_CODE
+from .base import TIMEOUT_EXIT_CODE, ExecResult, SandboxError, SandboxSpec
 
 NEEDED_VERSION = "huggingface_hub>=2.4"
 # A job in one of these stages runs no more (huggingface_hub 2.4, `_sandbox._TERMINAL_STAGES`).

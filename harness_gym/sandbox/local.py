@@ -67,7 +67,6 @@ from .base import (
 
 __all__ = ["DEFAULT_DISK_BYTES", "DEFAULT_MEMORY_BYTES", "DEFAULT_PIDS", "SandboxLimits"]
 
-TIMEOUT_EXIT_CODE = 124
 # What `exec` and `Job.wait` keep of a command's stdout and of its stderr: the last 32 MiB (an
 # agent that prints gigabytes must not take the trainer's memory with it).
 OUTPUT_LIMIT_BYTES = 32 * 2**20
@@ -176,26 +175,22 @@ class LocalJob(Job):
         self.stderr_path = stderr_path
         self._started = started
         self._timed_out = False
+        self._code: int | None = None
         self._lock = threading.Lock()
 
     def poll(self) -> int | None:
         return procs.peek_exit(self._proc)
 
-    def wait(self, timeout: float | None = None) -> ExecResult:
-        code = procs.wait_exit(self._proc, timeout)
-        if code is None:
-            self._timed_out = True
-            self.kill()
-            code = TIMEOUT_EXIT_CODE
-        elif self._timed_out:
-            code = TIMEOUT_EXIT_CODE
-        return ExecResult(
-            exit_code=code,
-            stdout=_read_text(self.stdout_path),
-            stderr=_read_text(self.stderr_path),
-            timed_out=self._timed_out,
-            duration_s=time.monotonic() - self._started,
-        )
+    def _await_exit(self, timeout: float | None) -> bool:
+        self._code = procs.wait_exit(self._proc, timeout)
+        return self._code is not None
+
+    def _ended_code(self) -> int:
+        assert self._code is not None, "_await_exit saw the exit"
+        return self._code
+
+    def _output(self) -> tuple[str, str]:
+        return _read_text(self.stdout_path), _read_text(self.stderr_path)
 
     def kill(self) -> None:
         """SIGKILL the group, also when the leader has already exited (a harness that exits
