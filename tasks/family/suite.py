@@ -86,15 +86,22 @@ class FamilyTask:
 
 def generate_split(split: str, count: int, *, seed: int = 0) -> list[FamilyTask]:
     """`count` tasks of `split` ("train" or "heldout"), balanced over the bug kinds."""
+    return draw_split("family", split, count, seed, _draw)
+
+
+def draw_split(family: str, split: str, count: int, seed: int,
+               draw: Callable[[random.Random, str, int, str, list[str]], Any]) -> list[Any]:
+    """`count` tasks from `draw(rng, split, index, kind, nouns)`, balanced over the bug kinds,
+    each statement unique; task `i` depends only on (family, seed, split, i)."""
     nouns = nouns_for(split)
     kinds = list(KINDS)
-    random.Random(f"family:{seed}:{split}:kinds").shuffle(kinds)
-    tasks: list[FamilyTask] = []
+    random.Random(f"{family}:{seed}:{split}:kinds").shuffle(kinds)
+    tasks: list[Any] = []
     statements: set[str] = set()
     for index in range(count):
-        rng = random.Random(f"family:{seed}:{split}:{index}")
+        rng = random.Random(f"{family}:{seed}:{split}:{index}")
         for _ in range(MAX_DRAWS):
-            task = _draw(rng, split, index, kinds[index % len(kinds)], nouns)
+            task = draw(rng, split, index, kinds[index % len(kinds)], nouns)
             if task.problem_statement not in statements:
                 break
         else:

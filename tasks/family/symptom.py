@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from .bugs import KINDS, Check, Snippet, _assert
-from .names import SPLITS, nouns_for
+from .names import SPLITS
 from .suite import (
     FILE_SUFFIXES,
-    MAX_DRAWS,
     PYPROJECT,
     TEST_CMD,
     SelfCheckError,
     _other_kinds,
+    draw_split,
     _Raised,
     unified_diff,
 )
@@ -94,22 +94,7 @@ class SymptomTask:
 def generate_symptom_split(split: str, count: int, *, seed: int = 0) -> list[SymptomTask]:
     """`count` symptom tasks of `split`, balanced over the bug kinds; task `i` is the same
     whatever `count` is."""
-    nouns = nouns_for(split)
-    kinds = list(KINDS)
-    random.Random(f"family-symptom:{seed}:{split}:kinds").shuffle(kinds)
-    tasks: list[SymptomTask] = []
-    statements: set[str] = set()
-    for index in range(count):
-        rng = random.Random(f"family-symptom:{seed}:{split}:{index}")
-        for _ in range(MAX_DRAWS):
-            task = _draw(rng, split, index, kinds[index % len(kinds)], nouns)
-            if task.problem_statement not in statements:
-                break
-        else:
-            raise SelfCheckError(f"{split} task {index}: no unique statement in {MAX_DRAWS} draws")
-        statements.add(task.problem_statement)
-        tasks.append(task)
-    return tasks
+    return draw_split("family-symptom", split, count, seed, _draw)
 
 
 def write_symptom_family(out: Path, *, seed: int = 0, train: int = 200,
