@@ -179,23 +179,18 @@ def test_a_client_hang_up_aborts_the_servers_request(engine):
     assert _metric(url, "vllm:generation_tokens_total") - before == generated < 4000
 
 
-def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engine, model):
+def _needs_pi() -> None:
     from harness_gym.harness import load_harness
 
     if not load_harness("pi").is_installed():
         pytest.skip("Pi is not installed: harness-gym harnesses --install")
-    env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, episode_timeout_s=240,
-                   sampling={"max_tokens": 32})
-    try:
-        env.reset(seed=1)
-        _, _, _, _, info = env.step({"temperature": 1.0})
-    finally:
-        env.close()
-    # The outcome is the grader's (random weights fail the task); what matters here is that the
-    # model calls went through the real server and what the trace says about them.
-    assert info["n_llm_calls"] >= 1 and info["trace"], info["error"]
+
+
+def p_old_checked_against_a_rescore(model, trace: list[dict]) -> int:
+    """Asserts every sampled token's p_old in `trace` equals `model`'s re-score under the
+    sampling its call recorded; answers how many tokens were checked."""
     checked = 0
-    for segment in info["trace"]:
+    for segment in trace:
         n = len(segment["prompt_ids"])
         samplings = [(start, SamplingParams(temperature=t, top_p=p, top_k=k or 0))
                      for start, t, p, k in zip(segment["call_starts"],
@@ -207,7 +202,22 @@ def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engi
             if mask:
                 assert abs(got - want) < TOL
                 checked += 1
-    assert checked >= 1
+    return checked
+
+
+def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engine, model):
+    _needs_pi()
+    env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, episode_timeout_s=240,
+                   sampling={"max_tokens": 32})
+    try:
+        env.reset(seed=1)
+        _, _, _, _, info = env.step({"temperature": 1.0})
+    finally:
+        env.close()
+    # The outcome is the grader's (random weights fail the task); what matters here is that the
+    # model calls went through the real server and what the trace says about them.
+    assert info["n_llm_calls"] >= 1 and info["trace"], info["error"]
+    assert p_old_checked_against_a_rescore(model, info["trace"]) >= 1
 
 
 def test_weight_sync_into_the_server_then_the_next_call_matches_the_new_weights(engine, model):
@@ -246,6 +256,112 @@ def test_weight_sync_into_the_server_then_the_next_call_matches_the_new_weights(
         directory = transfer.transfer._dir
         transfer.destroy()
     assert directory is not None and not Path(directory).exists()
+
+
+def _trainer_model(engine):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        engine.tokenizer_source, dtype=torch.float32, local_files_only=True)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _load(model, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name])
+
+
+def _alternating(completions, **kwargs) -> list[float]:
+    """1, 0, ...: random weights fail every task alike; this gives each group a spread, hence
+    nonzero advantages and weights that really move between the steps."""
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+@pytest.fixture
+def pristine_weights(engine, model):
+    """Puts the server's original weights (and the scorer's) back after a training test."""
+    original = _weights(model)
+    yield original
+    restore = VLLMWeightTransfer.tmpfs(engine)
+    restore.push(original.items(), version=0)
+    restore.destroy()
+    _load(model, original)
+
+
+def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_steps_rollouts(
+        engine, model, pristine_weights, tmp_path):
+    _needs_pi()
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from harness_gym.integrations.trl import harness_reward, make_rollout_func, task_dataset
+
+    trainer_model = _trainer_model(engine)
+    sync = VLLMWeightTransfer.tmpfs(engine)
+    rollout = make_rollout_func(harness="pi", engine=engine, tasks="builtin", max_tokens=16,
+                                episode_timeout_s=240, weight_sync=sync)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+        max_steps=2, learning_rate=1e-2, logging_steps=1, steps_per_generation=1,
+        gradient_accumulation_steps=1, temperature=1.0, beta=0.0, max_completion_length=16,
+        report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0)
+    trainer = GRPOTrainer(
+        model=trainer_model, processing_class=AutoTokenizer.from_pretrained(
+            engine.tokenizer_source), args=args,
+        train_dataset=task_dataset("builtin").select(range(2)),
+        reward_funcs=[harness_reward, _alternating], rollout_func=rollout)
+    calls: list[dict] = []
+    original_rollout = trainer.rollout_func
+
+    def spy(prompts, t):
+        weights = _weights(trainer_model)  # what the trainer holds as this step's rollouts run
+        out = original_rollout(prompts, t)
+        calls.append({"weights": weights, "out": out, "trace": list(rollout.last_infos["trace"])})
+        return out
+
+    trainer.rollout_func = spy
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+        sync.destroy()
+    assert trainer.state.global_step == 2 and len(calls) == 2
+    assert [set(c["out"]["policy_version"]) for c in calls] == [{0}, {1}]
+    assert sync.version == 1 and engine.policy_version == 1  # the step, as the label
+    for call in calls:  # each step's episodes sampled from the trainer's weights of that step
+        _load(model, call["weights"])
+        assert sum(p_old_checked_against_a_rescore(model, trace) for trace in call["trace"]) >= 1
+    moved = [n for n, w in calls[1]["weights"].items() if not torch.equal(w, calls[0]["weights"][n])]
+    assert moved, "the first step must have moved the weights the second step's episodes used"
+
+
+def test_the_async_loop_takes_two_steps_on_episodes_the_real_server_serves(
+        engine, pristine_weights, tmp_path):
+    _needs_pi()
+    from support.async_samples import args
+
+    from harness_gym.integrations.async_grpo import HarnessRolloutWorker
+    from harness_gym.integrations.async_loop import AsyncGRPOLoop
+
+    transfer = VLLMWeightTransfer.tmpfs(engine)
+    worker = HarnessRolloutWorker(
+        "builtin", group_size=2, groups_in_flight=1, harness="pi", engine=engine,
+        sampling={"max_tokens": 16, "temperature": 0.7}, episode_timeout_s=240,
+        reward_fn=lambda results: [float(i % 2 == 0) for i in range(len(results))])
+    loop = AsyncGRPOLoop(_trainer_model(engine), args(tmp_path, max_steps=2), worker, transfer)
+    try:
+        loop.train()
+    finally:
+        transfer.destroy()
+    assert loop.global_step == 2 and len(loop.log_history) == 2
+    assert transfer.version == 3 and engine.policy_version == 3  # the first sync, one per step
+    first = loop.log_history[0]  # sampled by the server from the trainer's own first weights
+    assert first["staleness/lag_0_total"] >= 1
+    assert abs(first["policy/ratio_max"] - 1) < 1e-3 and abs(first["policy/ratio_min"] - 1) < 1e-3
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -43,11 +43,15 @@ Where the policy runs:
   through a `TransformersEngine` built around `trainer.model` and `trainer.processing_class` on
   the first call (no copy, so the weights are always the ones being trained), tagged with
   `policy_version = trainer.state.global_step`.
-- `engine="vllm:URL"` (not built or tested here): with `GRPOConfig(use_vllm=True,
-  vllm_mode="server")` TRL pushes the new weights to its vLLM server before every `rollout_func`
-  call, so pointing the env's engine at that server (`trl vllm-serve` is `vllm serve` plus weight
-  endpoints) is the intended hook; `vllm_importance_sampling_correction` then corrects with the
-  trace's p_old.
+- `engine="vllm:URL"` with `weight_sync=VLLMWeightTransfer.tmpfs(engine)` (CPU, or any server
+  in vLLM's dev mode on this machine): before the rollouts of each new step the trainer's
+  weights are pushed into the server (pause, load, label the step, resume), so every episode
+  samples from the weights being trained and its trace carries the step as its version
+  (`tests/test_real_vllm.py` runs two steps so). On GPUs, `GRPOConfig(use_vllm=True,
+  vllm_mode="server")` has TRL push the weights itself before every `rollout_func` call (NCCL;
+  `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing the env's engine at that
+  server is the hook, and `vllm_importance_sampling_correction` then corrects with the trace's
+  p_old.
 - any other engine spec or `Engine` object is passed to the env unchanged (its weights are then
   the caller's business).
 - `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.scaleout.ray_cluster`; an async trainer
@@ -67,7 +71,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -80,6 +84,9 @@ from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
 from .dynamic_sampling import DynamicSampling, refill_groups
+
+if TYPE_CHECKING:
+    from .weight_transfer import VLLMWeightTransfer
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,7 @@ def make_rollout_func(
     config: EpisodeConfig | None = None,
     executor: ExecutorSpec = "threads",
     dynamic_sampling: DynamicSampling | int | None = None,
+    weight_sync: VLLMWeightTransfer | None = None,
     **settings: Any,
 ) -> HarnessRolloutFunc:
     """A `rollout_func` for `GRPOTrainer` that runs one harness episode per prompt row.
@@ -110,7 +118,12 @@ def make_rollout_func(
     `dynamic_sampling` (a `DynamicSampling`, or its `max_extra_draws` as an int) replaces
     groups whose rewards are all equal by freshly drawn ones and masks what is left out of the
     loss (`integrations/dynamic_sampling.py`); each call's counts go to `sampling_stats`.
+    `weight_sync` pushes the trainer's weights into the engine's vLLM server whenever the step
+    has moved (see the module docstring).
     """
+    if weight_sync is not None and engine is None:
+        raise ValueError("weight_sync moves the trainer's weights into a vLLM server: give "
+                         "engine= (the VLLMEngine the transfer feeds)")
     given = {"progress": False} if config is None else {}
     given.update(settings)
     if harness is not None:
@@ -123,6 +136,7 @@ def make_rollout_func(
         executor=executor,
         dynamic_sampling=(DynamicSampling(max_extra_draws=dynamic_sampling)
                           if isinstance(dynamic_sampling, int) else dynamic_sampling),
+        weight_sync=weight_sync,
     )
 
 
@@ -145,6 +159,7 @@ class HarnessRolloutFunc:
         use_trainer_model: bool,
         executor: ExecutorSpec = "threads",
         dynamic_sampling: DynamicSampling | None = None,
+        weight_sync: VLLMWeightTransfer | None = None,
     ) -> None:
         if group_size is not None and group_size < 1:
             raise ValueError(f"group_size must be positive, got {group_size}")
@@ -168,6 +183,8 @@ class HarnessRolloutFunc:
         # one record per call with dynamic sampling: step, groups, kept, dropped_zero_variance,
         # refilled, masked, extra_draws
         self.sampling_stats: list[dict[str, int]] = []
+        self.weight_sync = weight_sync
+        self._synced_version: int | None = None  # the step whose weights the server holds
 
     @property
     def engine(self) -> Engine | None:
@@ -198,6 +215,9 @@ class HarnessRolloutFunc:
         model = _unwrap(trainer)
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
         version = int(trainer.state.global_step)
+        if self.weight_sync is not None and model is not None and version != self._synced_version:
+            self.weight_sync.push(model.named_parameters(), version=version)
+            self._synced_version = version
         try:
             engine: Engine | None = envs.unwrapped.engine  # the Engine, whichever way given
         except AttributeError:  # a Ray executor: every node loaded its own

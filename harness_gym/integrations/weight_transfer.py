@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -145,9 +145,25 @@ class VLLMWeightTransfer:
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         self.transfer.send_weights(iterator)
-        self.version += 1
+        self._label(self.version + 1)
+
+    def push(self, named_parameters: Iterable[tuple[str, torch.Tensor]], *,
+             version: int | None = None) -> int:
+        """One whole sync, for trainers without TRL's weight-sync loop (the sync `GRPOTrainer`
+        path, `make_rollout_func(weight_sync=...)`): pause, send, label `version` (default: the
+        next one), resume. Returns the label."""
+        self.pause()
+        try:
+            self.transfer.send_weights(iter(named_parameters))
+            self._label(self.version + 1 if version is None else int(version))
+        finally:
+            self.resume()
+        return self.version
+
+    def _label(self, version: int) -> None:
+        self.version = version
         # While still paused: tokens sampled after `resume()` carry the new label.
-        self.engine.set_weight_version(self.version)
+        self.engine.set_weight_version(version)
 
     def resume(self) -> None:
         self.transfer.resume()
