@@ -292,6 +292,32 @@ def pristine_weights(engine, model):
     _load(model, original)
 
 
+def test_a_conversation_spanning_a_weight_sync_is_one_segment_that_records_both_versions(
+        engine, pristine_weights):
+    generator = torch.Generator().manual_seed(3)
+    new = {name: w + 0.05 * torch.randn(w.shape, generator=generator)
+           for name, w in pristine_weights.items()}
+    before = engine.policy_version
+    sync = VLLMWeightTransfer.tmpfs(engine, start_version=before)
+    with InterceptionProxy(engine) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 8, "temperature": 1.0})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                               max_retries=0)
+        messages = [{"role": "user", "content": "def add(a, b):"}]
+        first = client.chat.completions.create(model="policy", messages=messages)
+        sync.push(new.items())  # between the episode's two calls, as a trainer's step would
+        reply = first.choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": "ok"}
+                     for call in reply.tool_calls or []]
+        messages.append({"role": "user", "content": "and subtract?"})
+        client.chat.completions.create(model="policy", messages=messages)
+        segments = session.trace.to_dicts()
+    sync.destroy()
+    (segment,) = segments  # the history came back unchanged: one segment across the sync
+    assert segment["policy_versions"] == [before, before + 1]
+
+
 def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_steps_rollouts(
         engine, model, pristine_weights, tmp_path):
     _needs_pi()

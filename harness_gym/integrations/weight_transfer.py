@@ -132,10 +132,12 @@ class VLLMWeightTransfer:
         return cls(engine, client)
 
     @classmethod
-    def tmpfs(cls, engine: Any, **transfer_kwargs: Any) -> VLLMWeightTransfer:
+    def tmpfs(cls, engine: Any, *, start_version: int = 0,
+              **transfer_kwargs: Any) -> VLLMWeightTransfer:
         """Without NCCL: the tensors go through a safetensors file into every server of
         `engine` (`TmpfsReloadTransfer`)."""
-        return cls(engine, TmpfsReloadTransfer(engine.urls, **transfer_kwargs))
+        return cls(engine, TmpfsReloadTransfer(engine.urls, **transfer_kwargs),
+                   start_version=start_version)
 
     def init_weight_transfer(self) -> None:
         self.transfer.init_weight_transfer()
