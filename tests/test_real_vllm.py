@@ -390,6 +390,92 @@ def test_the_async_loop_takes_two_steps_on_episodes_the_real_server_serves(
     assert abs(first["policy/ratio_max"] - 1) < 1e-3 and abs(first["policy/ratio_min"] - 1) < 1e-3
 
 
+@pytest.fixture(scope="module")
+def second(engine):
+    """A second real server of the same model, for the tests that need two."""
+    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
+    from harness_gym.engines.vllm_server import VLLMServer
+
+    server = VLLMServer(tiny_vllm_model_dir(), max_model_len=MAX_MODEL_LEN,
+                        served_model_name=engine.model_name).start()
+    yield server
+    server.stop()
+
+
+def _prefix_cache(urls: list[str]) -> tuple[float, float]:
+    """(hits, queries) in tokens, summed over the servers' /metrics."""
+    return (sum(_metric(u, "vllm:prefix_cache_hits_total") for u in urls),
+            sum(_metric(u, "vllm:prefix_cache_queries_total") for u in urls))
+
+
+def _conversations(tokenizer, n: int, turns: int, first: int) -> list[list[list[int]]]:
+    """n conversations (numbered from `first`, so no two calls share a prefix by accident),
+    each a list of growing prompts sharing their first ~700 tokens."""
+    out = []
+    for i in range(first, first + n):
+        base = tokenizer.encode(f"# conversation {i}\n" + f"value_{i} = {i} * 3\n" * 120,
+                                add_special_tokens=False)
+        out.append([base + tokenizer.encode(f"step_{t} = {t}\n" * (t + 1),
+                                            add_special_tokens=False) for t in range(turns)])
+    return out
+
+
+def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_prefix(
+        engine, second):
+    urls = [engine.urls[0], second.url]
+    pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
+                      max_context=MAX_MODEL_LEN)
+    singles = [VLLMEngine([u], tokenizer=engine.tokenizer, model_name=engine.model_name,
+                          max_context=MAX_MODEL_LEN) for u in urls]
+    sampling = SamplingParams(max_tokens=1, temperature=1.0)
+    try:
+        rates = {}
+        for mode, seed in (("affinity", 0), ("alternating", 100)):
+            hits0, queries0 = _prefix_cache(urls)
+            for i, turns in enumerate(_conversations(engine.tokenizer, 4, 2, seed)):
+                for t, prompt in enumerate(turns):
+                    key = f"{mode}-{seed + i}"
+                    if mode == "affinity":
+                        complete(pair, prompt, sampling, key=key)
+                    else:  # no affinity: the second turn on the other server
+                        complete(singles[(i + t) % 2], prompt, sampling, key=key)
+            hits1, queries1 = _prefix_cache(urls)
+            rates[mode] = (hits1 - hits0) / (queries1 - queries0)
+        owners = {pair.servers.first_for(f"affinity-{i}") for i in range(4)}
+    finally:
+        pair.close()
+        for single in singles:
+            single.close()
+    print(f"prefix-cache hit rate: {rates}")
+    assert owners == set(urls)  # the ring spreads the sessions over both servers
+    # A second turn finds its conversation's prefix cached only where the first was computed.
+    assert rates["affinity"] > rates["alternating"] + 0.2, rates
+
+
+def test_a_server_killed_mid_run_is_failed_over_before_the_first_token(engine, second):
+    import os
+    import signal
+
+    urls = [engine.urls[0], second.url]
+    pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
+                      max_context=MAX_MODEL_LEN)
+    keys = [f"session-{i}" for i in range(40)]
+    on_second = [k for k in keys if pair.servers.first_for(k) == second.url]
+    prompt = engine.tokenizer.encode("import sys\n", add_special_tokens=False)
+    sampling = SamplingParams(max_tokens=4, temperature=1.0)
+    try:
+        assert on_second
+        assert complete(pair, prompt, sampling, key=on_second[0]).token_ids
+        os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
+        second.process.wait(30)
+        outs = [complete(pair, prompt, sampling, key=k) for k in on_second[:3]]
+        status = pair.servers.status()
+    finally:
+        pair.close()
+    assert all(len(out.token_ids) == 4 for out in outs)  # served by the server that lives
+    assert status[second.url].startswith("out:") and status[engine.urls[0]] == "in service"
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness_gym.cli", *args], capture_output=True,
                           text=True, timeout=120, check=False)
