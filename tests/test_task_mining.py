@@ -217,3 +217,21 @@ def test_pi_solves_mined_tasks_with_the_oracle_and_noop_fails_them(pypi_tasks, h
             assert (reward > 0) == (outcome == "passed")
         finally:
             env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="the CLIs install with npm")
+@pytest.mark.parametrize("harness", ["pi", "opencode", "claude-code", "hermes"])
+def test_the_teacher_demonstrates_a_mined_task_through_each_cli(pypi_tasks, harness):
+    # The teacher reads the files the gold patch changes and edits them with the CLI's own
+    # tools: on a mined task it has no family metadata to lean on, only the patch and the repo.
+    task = load_tasks(pypi_tasks)[0]
+    env = gym.make("HarnessSWE-v0", tasks=str(pypi_tasks), engine="teacher", harness=harness,
+                   episode_timeout_s=600)
+    try:
+        env.reset(options={"task_id": task.instance_id})
+        _, reward, _, _, info = env.step({})
+    finally:
+        env.close()
+    assert info["outcome"] == "passed", (harness, info["error"], info.get("grade"))
+    assert info["n_tool_calls"] >= 2  # read, then edit: not the oracle's one blind patch
