@@ -24,6 +24,9 @@ DONE = "The fix is applied and the tests should pass now."
 # mini-swe-agent ends an episode only when the model runs this command (a plain "done" answer is
 # a format error it asks again about): where the prompt says so, the oracle finishes that way.
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# aider has no tools: it asks for edits as unified diffs in its system prompt (its `udiff` edit
+# format, `harnesses/aider.py`), and applies the ```diff blocks of the answer itself.
+UDIFF_REQUEST = "write out the changes similar to a unified diff like `diff -U0` would produce"
 
 
 class OracleEngine(ScriptedEngine):
@@ -45,6 +48,8 @@ class OracleEngine(ScriptedEngine):
         if self.noop:
             return _finish(prompt, tools, "Done.")
         patch = next((p for key, p in self._patches.items() if key in prompt), None)
+        if patch is not None and tools.shell is None and UDIFF_REQUEST in prompt:
+            return f"I will apply the fix.\n\n{udiff_blocks(patch)}\n{DONE}"
         if patch is None or tools.shell is None:
             missing = "task" if patch is None else "shell tool"
             return f"I cannot solve this: the oracle found no registered {missing} in the prompt."
@@ -59,6 +64,17 @@ def _finish(prompt: str, tools: AgentTools, text: str) -> str:
     if SUBMIT_COMMAND in prompt and tools.shell is not None:
         return f"{text}\n{tool_call_text(tools.shell_call(SUBMIT_COMMAND))}"
     return text
+
+
+def udiff_blocks(patch: str) -> str:
+    """A git patch as aider's udiff answer: one ```diff block per file, from its `---` line on
+    (aider reads `diff --git` and `index` lines as hunk text)."""
+    blocks = []
+    for part in patch.split("diff --git ")[1:]:
+        lines = part.splitlines(keepends=True)
+        start = next(i for i, line in enumerate(lines) if line.startswith("--- "))
+        blocks.append("```diff\n" + "".join(lines[start:]).rstrip("\n") + "\n```\n")
+    return "".join(blocks)
 
 
 def load_oracle_engine(arg: str = "") -> OracleEngine:
