@@ -200,7 +200,7 @@ class HarnessSpec(abc.ABC):
     name: ClassVar[str]
     package: ClassVar[Package]
     dialect: ClassVar[Dialect]
-    shell_tool: ClassVar[str]  # what its shell tool is called in the request's tool list
+    shell_tool: ClassVar[str]  # its shell tool's name in the request's tool list ("": no tools)
     env: ClassVar[Mapping[str, str]] = {}  # fixed variables for a headless, offline run
     # The smallest context window (in the model's tokens) the CLI can work in; measured, per
     # spec. An episode against a smaller window ends `infra_error` before the CLI starts.

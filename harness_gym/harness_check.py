@@ -10,6 +10,9 @@ Per CLI, one headless run (a local sandbox, the tiny model's tokenizer, no weigh
   sends back our turn, and the bridge extends the same agent segment;
 - no call asks for more output than the CLI was told (`Endpoint.max_tokens`).
 
+A CLI with no tools (aider: `shell_tool = ""`, it edits through text blocks) is checked for the
+task text and the limits only.
+
 That nothing leaves the machine is checked where it can be: the episode tests run every CLI in
 a network namespace with only loopback (tests/test_harness_episodes.py).
 """
@@ -104,11 +107,12 @@ def check_harness(harness: HarnessSpec, timeout_s: float = 300) -> list[str]:
                 f"{(run.result.stderr or run.result.stdout)[-300:]!r}"]
     if PROBE_TASK not in prompts[0]:
         problems.append("the task text did not reach the model byte for byte")
-    if f"<tool_call>\n{{\"name\": \"{harness.shell_tool}\"" not in (
+    if harness.shell_tool and f"<tool_call>\n{{\"name\": \"{harness.shell_tool}\"" not in (
             engine.tokenizer.decode(run.trace.segments[0].response_ids)):
         problems.append(f"its shell tool {harness.shell_tool!r} is not in its tool list")
     agents = [s for s in run.trace.segments if s.role == "agent"]
-    if run.trace.n_tool_calls < 1 or len(agents) != 1 or agents[0].n_calls < 2:
+    if harness.shell_tool and (
+            run.trace.n_tool_calls < 1 or len(agents) != 1 or agents[0].n_calls < 2):
         problems.append(
             f"the tool call did not round-trip as one segment: {run.trace.n_tool_calls} tool "
             f"calls, {len(agents)} agent segments of {[s.n_calls for s in agents]} calls")

@@ -22,10 +22,15 @@ Measured with 0.86.2 (tests/test_harness_aider.py):
 - Limits: `max_input_tokens` / `max_output_tokens` in the metadata file (aider warns and stops
   before sending a chat over the window), and `max_tokens` per request through
   `~/.aider.model.settings.yml`'s `extra_params`.
-- The prompt: `--message-file /dev/stdin`, whole. aider reads a message starting with "/" or "!"
-  as one of its own commands (`Commands.is_command`): routes-61's task text starts with
-  "/users/<int:id>", and aider answered "Invalid command" without a request. So we start it
-  through its venv's python with that check off (`LAUNCHER`): the task text is sent as written.
+- The prompt, on stdin, whole. aider reads a message starting with "/" or "!" as one of its own
+  commands (`Commands.is_command`): routes-61's task text starts with "/users/<int:id>", and
+  aider answered "Invalid command" without a request. And `--message-file` turns "\r\n" into
+  "\n" (the conformance check said so). So we start it through its venv's python (`LAUNCHER`):
+  the text read in binary, that check off; the task text is sent as written, the last user message
+  whole; aider's edit-format reminder follows as a system message (`reminder: sys`; by default it
+  appends it to the task's message).
+- Requests (a logging server): one `POST /v1/chat/completions`, `stream: true`, `temperature: 0`,
+  `max_tokens` as told; a system prompt, three canned example exchanges, the task, the reminder.
 """
 
 from __future__ import annotations
@@ -40,13 +45,16 @@ METADATA_FILE = ".aider.model.metadata.json"
 SETTINGS_FILE = ".aider.model.settings.yml"
 
 
-# aider's `main`, with messages never read as aider commands (they are the task, for the model).
+# aider's `main` on the task from stdin, read whole in binary (its `--message-file` reads in text
+# mode, turning "\r\n" into "\n"), given as `--message=TEXT` (so a text starting with "-" is no
+# flag), and never read as one of aider's commands (the text is for the model).
 LAUNCHER = (
     "import sys\n"
     "from aider.commands import Commands\n"
     "Commands.is_command = lambda self, inp: False\n"
+    "message = sys.stdin.buffer.read().decode('utf-8')\n"
     "from aider.main import main\n"
-    "sys.exit(main())\n"
+    "sys.exit(main([*sys.argv[1:], '--message=' + message]))\n"
 )
 
 
@@ -62,7 +70,7 @@ class AiderHarness(HarnessSpec):
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
         return [
             "-c", LAUNCHER, "--model", f"openai/{endpoint.model}", "--edit-format", EDIT_FORMAT,
-            "--message-file", "/dev/stdin", "--yes-always",
+            "--yes-always",
             "--no-git", "--no-gitignore", "--no-auto-commits", "--no-dirty-commits",
             "--map-tokens", "0", "--no-auto-lint", "--no-auto-test",
             "--no-suggest-shell-commands", "--no-detect-urls", "--no-check-update",
@@ -83,8 +91,10 @@ class AiderHarness(HarnessSpec):
             "litellm_provider": "openai", "mode": "chat",
         }}
         # YAML is a superset of JSON: any model name is quoted safely.
+        # `reminder: sys`: its edit-format reminder as a system message after the task, not
+        # appended to the task's user message (which then holds the task text and nothing else).
         settings = [{"name": model, "edit_format": EDIT_FORMAT, "use_repo_map": False,
-                     "extra_params": {"max_tokens": endpoint.max_tokens}}]
+                     "reminder": "sys", "extra_params": {"max_tokens": endpoint.max_tokens}}]
         return {METADATA_FILE: json.dumps(metadata), SETTINGS_FILE: json.dumps(settings)}
 
     def endpoint_env(self, endpoint: Endpoint) -> dict[str, str]:

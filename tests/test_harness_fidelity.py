@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-CLIS = ("claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi",
+CLIS = ("aider", "claude-code", "codex", "gemini-cli", "hermes", "opencode", "pi",
         # Qwen Code 0.24.4 runs its `@file` expansion on a headless prompt and puts a space
         # before "@notes.txt" (Gemini CLI, its upstream, does not): a known alteration, kept
         # strict so a version that fixes it is noticed.
