@@ -12,15 +12,18 @@ Measured with 0.86.2 (tests/test_harness_aider.py):
   file, hunk line numbers ignored (the oracle answers in it: `engines/oracle.py`). It asks before
   editing a file not added to the chat; `--yes-always` says yes. With `--message` it sends one
   request, applies the edits and exits: linting, tests, commits, shell-command suggestions and
-  URL scraping are off, so nothing asks the model again (a failed edit is reflected once).
+  URL scraping are off, so nothing asks the model again (an edit that fails to apply is sent
+  back, up to 3 times). An episode is one answer: the policy cannot run commands. The oracle's
+  udiff blocks solved all 13 built-in tasks on bwrap, each diff equal to the gold patch's lines.
 - Offline: `--no-check-update` (PyPI), `--analytics-disable` (PostHog), the model's metadata
   given in `~/.aider.model.metadata.json` (else it downloads litellm's price list from GitHub into
   `~/.aider/caches`), `LITELLM_LOCAL_MODEL_COST_MAP=True` (litellm's own fetch at import),
   `--no-show-model-warnings`, `--no-git` (the episode's repo is ours to diff, not aider's to
   commit), repo map off (`--map-tokens 0`). Its chat and input histories (by default files in the
   repo) go to /dev/null.
-- Limits: `max_input_tokens` / `max_output_tokens` in the metadata file (aider warns and stops
-  before sending a chat over the window), and `max_tokens` per request through
+- Limits: `max_input_tokens` (the window less the cap) / `max_output_tokens` in the metadata file
+  (over it aider warns and asks "Try to proceed anyway?", which `--yes-always` answers yes: the
+  proxy's context error then ends the episode; not measured), and `max_tokens` per request through
   `~/.aider.model.settings.yml`'s `extra_params`.
 - The prompt, on stdin, whole. aider reads a message starting with "/" or "!" as one of its own
   commands (`Commands.is_command`): routes-61's task text starts with "/users/<int:id>", and
