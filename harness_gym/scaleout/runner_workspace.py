@@ -139,7 +139,10 @@ def reap(workspace: Path) -> None:
 
 
 def _rmtree(root: Path) -> None:
-    """Remove a tree that may hold read-only dirs (a Go module cache, chmod'ed fixtures)."""
+    """Remove a tree that may hold read-only dirs (a Go module cache, chmod'ed fixtures).
+
+    The twin of `sandbox.local._rmtree`, kept apart on purpose: this file also runs on its own
+    as the guard process (`python runner_workspace.py`), with nothing but the stdlib."""
 
     def make_writable_and_retry(func, path, _exc):  # noqa: ANN001 - shutil's callback
         try:
