@@ -15,40 +15,63 @@ Measured with 2.4.6 (tests/test_harness_more_clis.py):
   the backstop (the oracle submits that way: `engines/oracle.py`).
 - Limits: `model.model_kwargs.max_tokens` is each request's cap; it keeps the whole history and
   never compacts, so a window it outgrows ends the episode with the proxy's context error.
-- The prompt is one argument (`--task=PROMPT`; no stdin mode), so the kernel's 128 KiB
-  argument limit applies.
+- The prompt: `mini.yaml` wraps the task in its instance template ("Please solve this issue:
+  {{task}}" and ~90 lines of workflow rules, the submit command among them), so the model would
+  never see the task text alone. `LAUNCHER` (run by the venv's python) moves those rules, as
+  written, to the end of the system template and makes the instance template `{{task}}`: the
+  first user message is the task text, byte for byte (Jinja inserts a value as is; `{{ }}` and
+  `{% %}` in the task are not evaluated). It reads the task from stdin, whole, and hands it to
+  mini's `main` in-process (`--task=TEXT`; its only other way in is an argument, capped at
+  128 KiB by the kernel). A `mini.yaml` whose instance template no longer starts with
+  `TASK_LINE` stops the launcher with a message naming this file.
 """
 
 from __future__ import annotations
 
-from ..harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec, Package, tail
+from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
 
-MAX_ARGUMENT_BYTES = 131_072 - len("--task=") - 1
 STEP_LIMIT = 50
+TASK_LINE = "Please solve this issue: {{task}}"  # how 2.4.6's mini.yaml starts its instance template
+
+# mini's `main`, with mini.yaml's instance instructions moved into the system template, and the
+# task read from stdin in binary (no newline translation) as the whole first user message.
+LAUNCHER = f"""\
+import sys
+from minisweagent.config import get_config_from_spec
+agent = get_config_from_spec("mini.yaml")["agent"]
+before, line, rules = agent["instance_template"].partition({TASK_LINE!r})
+if before or not line:
+    sys.exit("harness-gym: mini.yaml's instance template no longer starts with TASK_LINE "
+             "(harnesses/mini_swe_agent.py)")
+system = agent["system_template"].rstrip("\\n") + "\\n\\n" + rules.lstrip("\\n")
+task = sys.stdin.buffer.read().decode("utf-8")
+sys.argv = ["mini", *sys.argv[1:], "-c", "agent.system_template=" + system,
+            "-c", "agent.instance_template={{{{task}}}}", "--task=" + task]
+from minisweagent.run.mini import app
+app()
+"""
 
 
 class MiniSweAgentHarness(HarnessSpec):
     name = "mini-swe-agent"
-    package = Package("pip", "mini-swe-agent", "2.4.6", bin="mini")
+    package = Package("pip", "mini-swe-agent", "2.4.6", bin="python")  # runs `LAUNCHER`
     dialect = "openai-chat"
     shell_tool = "bash"
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_SILENT_STARTUP": "1",
            "MSWEA_CONFIGURED": "true", "NO_COLOR": "1"}
 
     def args(self, endpoint: Endpoint, prompt: str) -> list[str]:
-        if len(prompt.encode()) > MAX_ARGUMENT_BYTES:
-            raise HarnessError(
-                f"the task text is {len(prompt.encode())} bytes: mini-swe-agent takes its task "
-                f"only as an argument, which the kernel caps at {MAX_ARGUMENT_BYTES} bytes")
         overrides = {
             "model.model_name": f"openai/{endpoint.model}",
             "model.cost_tracking": "ignore_errors",
             "model.model_kwargs.max_tokens": str(endpoint.max_tokens),
             "agent.step_limit": str(STEP_LIMIT),
         }
-        return ["-y", "--exit-immediately", "--cost-limit", "0", "-c", "mini.yaml",
-                *(arg for key, value in overrides.items() for arg in ("-c", f"{key}={value}")),
-                f"--task={prompt}"]
+        return ["-c", LAUNCHER, "-y", "--exit-immediately", "--cost-limit", "0", "-c", "mini.yaml",
+                *(arg for key, value in overrides.items() for arg in ("-c", f"{key}={value}"))]
+
+    def stdin(self, prompt: str) -> str | None:
+        return prompt
 
     def endpoint_env(self, endpoint: Endpoint) -> dict[str, str]:
         base = endpoint.base_url.rstrip("/") + "/v1"

@@ -131,9 +131,10 @@ def test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_n
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_conformance_check_passes_a_faithful_cli_and_catches_an_altered_task_text():
-    """`harness-gym harnesses --check` on real CLIs: Gemini CLI keeps every promise; Qwen Code
-    0.24.4 puts a space before the probe's "@notes.txt", and the check says so."""
+def test_the_conformance_check_passes_both_gemini_clis():
+    """`harness-gym harnesses --check` on real CLIs: Gemini CLI keeps every promise, and so does
+    Qwen Code with its input hook (without it, 0.24.4 puts a space before the probe's
+    "@notes.txt": `test_qwen_code_without_its_hook_alters_the_task_text`)."""
     if shutil.which("npm") is None:
         pytest.skip("the CLIs install with npm")
     from harness_gym.harness_check import check_harness
@@ -142,4 +143,4 @@ def test_the_conformance_check_passes_a_faithful_cli_and_catches_an_altered_task
     gemini.install()
     qwen.install()
     assert check_harness(gemini) == []
-    assert check_harness(qwen) == ["the task text did not reach the model byte for byte"]
+    assert check_harness(qwen) == []
