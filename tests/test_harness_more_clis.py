@@ -144,3 +144,67 @@ def test_the_conformance_check_passes_both_gemini_clis():
     qwen.install()
     assert check_harness(gemini) == []
     assert check_harness(qwen) == []
+
+
+# Starts like one of Qwen Code's slash commands, holds @-mentions after no space, a flag it
+# strips from `/model`'s "verbatim" prompts, and blank lines where stdin and --prompt meet.
+QWEN_HOSTILE = "/help\n\n@notes.txt is text (@README.md, too)\n\n  --global \n\n"
+
+
+def test_qwen_code_splits_the_task_where_it_joins_stdin_and_the_prompt_argument() -> None:
+    harness = QwenCodeHarness()
+    for prompt in (QWEN_HOSTILE, "one line", "\n\nlead", "tail\n\n", "a\n\n\n"):
+        stdin, argument = harness.stdin(prompt), harness.args(ENDPOINT, prompt)[-1]
+        assert argument.startswith("--prompt=")
+        rest = argument[len("--prompt="):]
+        # What Qwen Code's `main` does: stdin (when non-empty) + "\n\n" + the --prompt text.
+        assert (f"{stdin}\n\n{rest}" if stdin else rest) == prompt and rest
+
+
+def test_qwen_codes_installed_cli_still_has_the_line_its_hook_rewrites() -> None:
+    """A cheap drift check: the hook fails the CLI's start if the line is gone; this says so
+    without running it."""
+    harness = load_harness("qwen-code")
+    if not harness.is_installed():
+        pytest.skip("qwen-code is not installed (harness-gym harnesses --install)")
+    from harness_gym.harnesses.qwen_code import RUN_LINE, RUN_MARKER
+
+    chunks = harness.install_dir() / "node_modules/@qwen-code/qwen-code/chunks"
+    holding = [p.read_text() for p in chunks.glob("*.js") if RUN_MARKER in p.read_text()]
+    assert len(holding) == 1 and holding[0].count(RUN_LINE) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_qwen_code_shows_a_task_that_looks_like_a_command_verbatim_only_with_its_hook() -> None:
+    if shutil.which("npm") is None:
+        pytest.skip("the CLIs install with npm")
+    from support.fidelity import run_harness, scripted
+
+    harness = load_harness("qwen-code")
+    harness.install()
+    engine = scripted(lambda _: "Done.")
+    run = run_harness(harness, engine, QWEN_HOSTILE)
+    assert f"</system-reminder>{QWEN_HOSTILE}<|im_end|>" in run.prompts(engine)[0]
+
+    class Unhooked(QwenCodeHarness):
+        env = {k: v for k, v in QwenCodeHarness.env.items() if k != "NODE_OPTIONS"}
+
+    bare = run_harness(Unhooked(), scripted(lambda _: "Done."), QWEN_HOSTILE)
+    # Without it, "/help" is its own command: it prints its help and never asks the model.
+    assert bare.trace.n_llm_calls == 0 and "/help" in bare.result.stdout, bare.result.stdout[-500:]
+
+
+def test_mini_swe_agents_installed_instance_template_still_starts_with_the_task_line() -> None:
+    """The launcher moves the rules after `TASK_LINE` into the system template, and stops if
+    mini.yaml changed; this says so without running it."""
+    import yaml
+
+    from harness_gym.harnesses.mini_swe_agent import TASK_LINE
+
+    harness = load_harness("mini-swe-agent")
+    if not harness.is_installed():
+        pytest.skip("mini-swe-agent is not installed (harness-gym harnesses --install)")
+    (config,) = harness.install_dir().glob("lib/python3*/site-packages/minisweagent/config/mini.yaml")
+    template = yaml.safe_load(config.read_text())["agent"]["instance_template"]
+    assert template.startswith(TASK_LINE) and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in template
