@@ -67,6 +67,9 @@ class AiderHarness(HarnessSpec):
     dialect = "openai-chat"
     shell_tool = ""  # none: it edits through `EDIT_FORMAT` blocks in the answer
     edit_format = EDIT_FORMAT
+    # (first request, 1,648 tokens with tiny's tokenizer, task included, + 4,096) * 4/3,
+    # to a multiple of 1,024; at it its one request fits with the cap (test_harness_limits)
+    min_context = 8_192
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_COLOR": "1", "TERM": "dumb",
            "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false"}
 

@@ -57,6 +57,9 @@ class MiniSweAgentHarness(HarnessSpec):
     package = Package("pip", "mini-swe-agent", "2.4.6", bin="python")  # runs `LAUNCHER`
     dialect = "openai-chat"
     shell_tool = "bash"
+    # (first request, 1,324 tokens with tiny's tokenizer, task included, + 4,096) * 4/3,
+    # to a multiple of 1,024; at it the CLI neither compacts nor continues (test_harness_limits)
+    min_context = 8_192
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_SILENT_STARTUP": "1",
            "MSWEA_CONFIGURED": "true", "NO_COLOR": "1"}
 

@@ -15,7 +15,11 @@ Measured with 0.24.4 (tests/test_harness_more_clis.py):
 - Tools: `--approval-mode yolo` offers the tools that need approval (without it a headless run
   has no shell); `QWEN_CODE_SUPPRESS_YOLO_WARNING=1` keeps the notice about it off stderr.
 - Limits: `model.generationConfig.contextWindowSize` and `samplingParams.max_tokens` (each
-  request's `max_tokens`; without it, 32,000).
+  request's `max_tokens`; without it, 32,000). It compacts once a prompt passes the window less
+  33,000 (`computeThresholds`: a 20,000-token summary reserve and a 13,000 buffer, whatever
+  the window; its percentage setting can only lower that) and gives up on a prompt over the
+  window less 23,000 ("Context is too large to send safely after automatic compression"), so
+  its `min_context` holds that reserve.
 - The prompt (`llm.tsx` `main`, `nonInteractiveCli.ts` `runNonInteractive`): piped stdin
   and the `--prompt` text are joined as `stdin + "\n\n" + prompt` (stdin alone gains a trailing
   "\n\n"); then a text starting with "/" (first word without a path separator) runs as a slash
@@ -95,6 +99,10 @@ class QwenCodeHarness(HarnessSpec):
     package = Package("npm", "@qwen-code/qwen-code", "0.24.4", bin="qwen")
     dialect = "openai-chat"
     shell_tool = "run_shell_command"
+    # (first request, 22,958 tokens with tiny's tokenizer, task included, + 4,096 + its 33,000
+    # compaction reserve) * 4/3, to a multiple of 1,024; at it the CLI neither compacts nor
+    # continues (test_harness_limits); at 36,864 it refused its second request itself
+    min_context = 80_896
     env = {"QWEN_CODE_SUPPRESS_YOLO_WARNING": "1", "NO_COLOR": "1",
            "NODE_OPTIONS": f"--import={VERBATIM_HOOK}"}
 

@@ -21,6 +21,7 @@ from support.fidelity import run_harness, scripted
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfigError
 from harness_gym.engines.agent_tools import AgentTools, tool_call_text
+from harness_gym.engines.oracle import SUBMIT_COMMAND
 from harness_gym.harness import load_harness
 from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.harnesses.opencode import OpenCodeHarness
@@ -37,13 +38,16 @@ TASK = "harness-gym__routes-61"
 
 def tool_turns(shell: str, turns: int):
     """A script: `turns` calls to the shell tool (`shell`, its command parameter as the prompt's
-    tool list says: Codex's takes `cmd`), then a final answer."""
+    tool list says: Codex's takes `cmd`), then a final answer (mini-swe-agent's: its submit
+    command)."""
 
     def script(prompt: str) -> str:
         done = prompt.count("</tool_response>")
+        tools = AgentTools.from_prompt(prompt)
+        if done >= turns and SUBMIT_COMMAND in prompt:
+            return f"All done.\n{tool_call_text(tools.shell_call(SUBMIT_COMMAND))}"
         if done >= turns:
             return "All done."
-        tools = AgentTools.from_prompt(prompt)
         assert tools.shell == shell, tools
         return f"Step {done}.\n{tool_call_text(tools.shell_call(f'echo {done}'))}"
 
@@ -62,7 +66,8 @@ def step_once(harness, engine, **settings):
         env.close()
 
 
-@pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode", "codex", "gemini-cli"])
+@pytest.mark.parametrize("cli", ["hermes", "claude-code", "opencode", "codex", "gemini-cli",
+                                 "qwen-code"])
 def test_a_cli_that_needs_more_context_than_smollm2_has_is_refused_at_make(cli: str):
     engine = scripted(lambda _: "All done.", "smollm2", SMOLLM2_CONTEXT)
     with pytest.raises(EpisodeConfigError) as raised:
@@ -142,7 +147,7 @@ def test_what_hermes_says_on_stderr_is_kept_in_harness_output():
 # Pi fits SmolLM2's own window; OpenCode and Claude Code run at their declared minimum, which is
 # where a wrong limit (a reserve larger than the room left) would show first.
 WINDOWS = {"pi": SMOLLM2_CONTEXT, "opencode": None, "claude-code": None, "gemini-cli": None,
-           "codex": None}
+           "codex": None, "qwen-code": None, "mini-swe-agent": None}
 # Codex has no output-cap setting and sends no `max_output_tokens`: the proxy's cap is its only one.
 NO_OUTPUT_CAP = ("codex",)
 
@@ -158,7 +163,8 @@ def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str):
     segments = run.trace.to_dicts()
     assert [s["role"] for s in segments] == ["agent"], run.result.stdout[-3000:]
     assert run.trace.n_llm_calls == turns + 1 == segments[0]["n_calls"]
-    assert run.trace.n_tool_calls == turns
+    submits = cli == "mini-swe-agent"  # it ends on its submit command, a tool call
+    assert run.trace.n_tool_calls == turns + submits
     # Each call asked for exactly the cap the CLI was told (the proxy's own cap is larger), or
     # less where the window had less room left: never more, so no answer is cut short of what
     # the CLI expects.
