@@ -21,10 +21,12 @@ Measured with 0.86.2 (tests/test_harness_aider.py):
   `--no-show-model-warnings`, `--no-git` (the episode's repo is ours to diff, not aider's to
   commit), repo map off (`--map-tokens 0`). Its chat and input histories (by default files in the
   repo) go to /dev/null.
-- Limits: `max_input_tokens` (the window less the cap) / `max_output_tokens` in the metadata file
-  (over it aider warns and asks "Try to proceed anyway?", which `--yes-always` answers yes: the
-  proxy's context error then ends the episode; not measured), and `max_tokens` per request through
-  `~/.aider.model.settings.yml`'s `extra_params`.
+- Limits: `max_input_tokens` (the window less the cap) / `max_output_tokens` in the metadata file,
+  and `max_tokens` per request through `~/.aider.model.settings.yml`'s `extra_params`: its one
+  request asks for exactly that cap, or the room left (test_harness_limits). Over
+  `max_input_tokens` aider warns and asks "Try to proceed anyway?", which `--yes-always` answers
+  yes: it sends the request, the proxy refuses it as too long, and the episode ends
+  `infra_error` ("first request is ... tokens", measured with a 1,024-token window).
 - The prompt, on stdin, whole. aider reads a message starting with "/" or "!" as one of its own
   commands (`Commands.is_command`): routes-61's task text starts with "/users/<int:id>", and
   aider answered "Invalid command" without a request. And `--message-file` turns "\r\n" into

@@ -23,6 +23,7 @@ from harness_gym.config import EpisodeConfigError
 from harness_gym.engines.agent_tools import AgentTools, tool_call_text
 from harness_gym.engines.oracle import SUBMIT_COMMAND
 from harness_gym.harness import load_harness
+from harness_gym.harnesses.aider import AiderHarness
 from harness_gym.harnesses.hermes import HermesHarness
 from harness_gym.harnesses.opencode import OpenCodeHarness
 from harness_gym.proxy.model_call import ProxySettings
@@ -188,3 +189,36 @@ def test_pi_with_the_real_smollm2_runs_short_episodes_without_compacting():
         assert roles == ["agent"], roles  # no compaction call, no second segment
         assert info["n_llm_calls"] == info["trace"][0]["n_calls"] >= 1
         assert set(info["trace"][0]["sampling_max_tokens"]) <= set(range(1, 97))
+
+
+@pytest.mark.slow
+def test_aider_at_its_minimum_window_sends_one_request_asking_for_the_cap_it_was_told():
+    """aider has no tools: an episode is one request (`harnesses/aider.py`), its `max_tokens`
+    the cap given in its model settings, its window less that cap given as `max_input_tokens`."""
+    harness = load_harness("aider")
+    window = harness.min_context
+    engine = scripted(lambda _: "Nothing to change.", "smollm2", window)
+    run = run_harness(harness, engine, "Say whether the repository needs a change.")
+    segments = run.trace.to_dicts()
+    assert [s["role"] for s in segments] == ["agent"], run.result.stdout[-3000:]
+    assert run.trace.n_llm_calls == 1 and run.trace.n_tool_calls == 0
+    cap = run.endpoint.max_tokens
+    assert cap == min(ProxySettings().default_max_tokens, window // 4)
+    (call,) = run.trace.calls
+    assert segments[0]["sampling_max_tokens"] == [min(cap, window - call.prompt_tokens)]
+
+
+class UncheckedAider(AiderHarness):
+    """aider with no declared minimum: over its `max_input_tokens` it warns, `--yes-always`
+    says to proceed, and the proxy refuses the request."""
+
+    min_context = 0
+
+
+@pytest.mark.slow
+def test_aider_past_its_window_proceeds_and_the_refused_prompt_is_an_infra_error():
+    engine = scripted(lambda _: "Nothing to change.", "tiny", 1_024)
+    reward, info, seconds = step_once(UncheckedAider(), engine, episode_timeout_s=300)
+    assert info["outcome"] == "infra_error" and info["reward_breakdown"]["drop"] is True
+    assert "first request is" in info["error"] and "context of 1024" in info["error"]
+    assert info["n_llm_calls"] == 0

@@ -363,3 +363,26 @@ def test_churned_symptom_demonstrations_take_more_tool_calls_and_still_pass_thro
         assert info["n_tool_calls"] == len(engine.plan(task, tools))
         calls[churn] = info["n_tool_calls"]
     assert calls[1.0] > calls[0.0] >= 4  # ls, read the front module, read the helper, edit
+
+
+@pytest.mark.parametrize("task", BUILTIN, ids=lambda t: t.instance_id)
+def test_asked_for_aiders_udiff_the_teacher_answers_with_the_gold_hunks_and_no_tool_call(
+    tiny_teacher, task
+):
+    """aider has no tools: its system prompt asks for unified diffs (`UDIFF_REQUEST`)."""
+    from harness_gym.engines.oracle import UDIFF_REQUEST
+
+    tiny_teacher.add_tasks([task])
+    messages = [{"role": "system", "content": f"Act as an expert developer; {UDIFF_REQUEST}."},
+                {"role": "user", "content": task.problem_statement}]
+    prompt = tiny_teacher.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_dict=False)
+    completion = asyncio.run(tiny_teacher.generate(prompt, SamplingParams(max_tokens=8192)))
+    assert completion.finish_reason == "stop"
+    words, calls = parsed(tiny_teacher.tokenizer.decode(completion.token_ids[:-1]))
+    assert calls == [] and words.startswith("I will fix ")
+    blocks = re.findall(r"```diff\n(.*?)```", words, re.S)
+    assert len(blocks) == len(parse_patch(task.patch))
+    assert all(line.startswith(("---", "+++", "@@ ... @@", " ", "-", "+")) for block in blocks
+               for line in block.splitlines())
+    assert changed_lines("".join(blocks)) == changed_lines(task.patch)

@@ -13,6 +13,12 @@ also take one or two needless steps (`CHURN`): an `ls` first, reading a file twi
 tests before reading or after the fix, reading the fixed file again. That is tool churn for a
 tool-call penalty to remove later (`teacher:smollm2,churn=0.6` churns on ~60% of tasks).
 
+A CLI without tools (aider: it asks for edits in its udiff format, `harnesses/aider.py`) gets one
+answer: "I will fix PATH." and a ```diff block per file, the gold patch's hunks under aider's
+`@@ ... @@` headers. aider shows the model no file (no repo map, none added to its chat, and
+without git it adds none a reply mentions), so this edit cannot be grounded in what was read:
+it is the one demonstration the teacher writes blind, as the oracle does.
+
 Symptom-tier tasks (`family-symptom:*`, whose statement names no file) start with `ls` and the
 module the statement's call lives in (`family.entry`), whose import names the file to fix.
 
@@ -42,6 +48,7 @@ from types import SimpleNamespace
 from typing import Any, Literal
 
 from .agent_tools import AgentTools, ToolCallText, tool_call_text
+from .oracle import UDIFF_REQUEST
 from .scripted import ScriptedEngine, task_key
 from .text_edits import EditNotGrounded, FilePatch, parse_patch
 from .transformers_engine import TransformersEngine, default_stop_token_ids
@@ -115,6 +122,10 @@ class TeacherEngine(ScriptedEngine):
         if task is None:
             return "I cannot solve this: the teacher found no registered task in the prompt."
         tools = AgentTools.from_prompt(prompt)
+        if tools.shell is None and UDIFF_REQUEST in prompt:
+            files = _files_in_statement_order(task)
+            return f"I will fix {_paths([Step('edit', f.path) for f in files])}.\n\n" + \
+                "".join(f.udiff() for f in files)
         steps = self.plan(task, tools)
         done = _exchanges(prompt, task_key(task.problem_statement))
         if len(done) >= len(steps):

@@ -51,6 +51,14 @@ class FilePatch:
         """A new file's whole text."""
         return "".join(line + "\n" for hunk in self.hunks for line in hunk.side("+"))
 
+    def udiff(self) -> str:
+        """The file's hunks as one ```diff block in aider's udiff edit format, with its `@@ ... @@`
+        hunk headers: aider ignores line numbers, and an agent could not know them."""
+        lines = [f"--- {'/dev/null' if self.new_file else 'a/' + self.path}", f"+++ b/{self.path}"]
+        for hunk in self.hunks:
+            lines += ["@@ ... @@", *hunk.lines]
+        return "```diff\n" + "\n".join(lines) + "\n```\n"
+
     def edits(self, text: str) -> list[TextEdit]:
         """One edit per hunk, grounded in `text` (see the module docstring)."""
         return [_edit(hunk, text, self.path) for hunk in self.hunks]
