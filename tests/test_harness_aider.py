@@ -169,3 +169,28 @@ def test_aider_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noo
     assert failed["outcome"] == "failed" and failed["reward"] == 0.0
     if not offline:
         pytest.skip("episodes passed, but on the host network: unshare --net needs root")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_teacher_solves_a_builtin_task_through_aider_on_bwrap() -> None:
+    """The teacher answers aider's udiff request with the gold hunks under `@@ ... @@` headers
+    (no line numbers): aider applies them and the tests pass."""
+    from test_harness_episodes import EPISODES
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    load_harness("aider").install()
+    script = EPISODES.replace('sandbox="local"', 'sandbox="bwrap"').replace(
+        '(("oracle", task_ids), ("oracle:noop", task_ids[:1]))', '(("teacher", task_ids),)')
+    assert '"teacher"' in script and 'sandbox="bwrap"' in script
+    prefix = isolated_network()
+    done = subprocess.run([*(prefix or []), sys.executable, "-c", script, "aider", TASK],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    (taught,) = json.loads(lines[-1][len("RESULT "):])
+    assert taught["outcome"] == "passed", (taught["error"], taught["harness_output"]["tail"])
+    assert changed_lines(taught["patch"]) == changed_lines(TASKS[TASK].patch)
+    assert taught["n_llm_calls"] == 1 and taught["n_tool_calls"] == 0
+    assert "Applied edit to routes/router.py" in taught["harness_output"]["tail"]
