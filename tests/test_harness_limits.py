@@ -80,7 +80,8 @@ def test_a_cli_that_needs_more_context_than_smollm2_has_is_refused_at_make(cli: 
 
 def test_a_local_model_whose_config_is_too_small_is_refused_at_make_without_loading(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
-    gym.make("HarnessSWE-v0", harness="pi", engine=f"hf:{tmp_path}")  # Pi fits 8k
+    for fits in ("pi", "mini-swe-agent", "aider"):  # each fits 8k
+        gym.make("HarnessSWE-v0", harness=fits, engine=f"hf:{tmp_path}")
     with pytest.raises(EpisodeConfigError, match="opencode needs a context window of at least"):
         gym.make("HarnessSWE-v0", harness="opencode", engine=f"hf:{tmp_path}")
     with pytest.raises(EpisodeConfigError, match="hermes needs"):  # any harness of a vector env
