@@ -31,7 +31,8 @@ from __future__ import annotations
 from ..harness import Endpoint, HarnessOutput, HarnessSpec, Package, tail
 
 STEP_LIMIT = 50
-TASK_LINE = "Please solve this issue: {{task}}"  # how 2.4.6's mini.yaml starts its instance template
+# The first line of 2.4.6 mini.yaml's instance template.
+TASK_LINE = "Please solve this issue: {{task}}"
 
 # mini's `main`, with mini.yaml's instance instructions moved into the system template, and the
 # task read from stdin in binary (no newline translation) as the whole first user message.

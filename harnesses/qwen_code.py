@@ -52,7 +52,8 @@ _JOIN = "\n\n"  # what Qwen Code puts between stdin and the --prompt text
 # The one line of 0.24.4's `runNonInteractive` (`nonInteractiveCli.ts`) the hook changes: with a
 # turn's parts already given, it skips slash commands and @-mentions; we give the input as them.
 RUN_MARKER = "// packages/cli/src/nonInteractiveCli.ts"
-RUN_LINE = "let initialPartList = extractPartsFromUserMessage(\n        options.userMessage\n      );"
+RUN_LINE = ("let initialPartList = extractPartsFromUserMessage(\n"
+            "        options.userMessage\n      );")
 # It also drops the hook from the environment there, in the process that runs the agent (the CLI
 # relaunches itself once, and the relaunched process needs it), so the agent's commands never
 # see it.

@@ -205,6 +205,7 @@ def test_mini_swe_agents_installed_instance_template_still_starts_with_the_task_
     harness = load_harness("mini-swe-agent")
     if not harness.is_installed():
         pytest.skip("mini-swe-agent is not installed (harness-gym harnesses --install)")
-    (config,) = harness.install_dir().glob("lib/python3*/site-packages/minisweagent/config/mini.yaml")
+    (config,) = harness.install_dir().glob(
+        "lib/python3*/site-packages/minisweagent/config/mini.yaml")
     template = yaml.safe_load(config.read_text())["agent"]["instance_template"]
     assert template.startswith(TASK_LINE) and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in template
