@@ -3,7 +3,7 @@ and what the bridge makes of what the CLIs send back.
 
 - The task text reaches the model byte for byte (decoded from the prompt ids the engine got),
   whatever it holds: leading dashes, `->`, quotes, backslashes, `$()`, backticks, non-ASCII, an
-  "@file", CRLF, 20 KB.
+  "@file", a line starting with "/", Jinja `{{ }}` and `{% %}`, CRLF, 20 KB.
 - A tool call with `120000.0`, `1e5` and a 20-digit integer in its arguments, echoed back by a
   JavaScript CLI as `120000`, `100000` and `12345678901234567000`, stays one agent segment.
 
