@@ -30,6 +30,7 @@ from typing import Any
 
 from .config import EpisodeConfig
 from .engines import Engine, load_engine
+from .engines.auto import engine_for_episodes
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
 from .proxy.errors import ProxyError
@@ -317,12 +318,13 @@ class EpisodeStack:
     `HarnessSWEEnv`, the thread executor and each Ray node build one from an `EpisodeConfig`.
     An engine given as an object stays the caller's (not closed here); one given as a spec is
     closed with the stack, before the proxy stops (a remote engine's connections live on the
-    proxy's event loop).
+    proxy's event loop). `in_flight` is the most episodes it runs at once: it picks what the
+    default engine `auto` is (`engines.auto.engine_for_episodes`).
     """
 
-    def __init__(self, config: EpisodeConfig) -> None:
+    def __init__(self, config: EpisodeConfig, in_flight: int = 1) -> None:
         self.config = config
-        self.engine = load_engine(config.engine)
+        self.engine = load_engine(engine_for_episodes(config.engine, in_flight))
         self._owns_engine = not isinstance(config.engine, Engine)
         self.runners: dict[str, EpisodeRunner] = {}
         self.proxy: InterceptionProxy | None = None
