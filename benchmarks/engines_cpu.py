@@ -232,21 +232,27 @@ def measure_overhead(engine: Any, args: argparse.Namespace) -> dict[str, Any]:
 def readme_block(results: dict[str, Any], name: str = "engines_cpu.json") -> str:
     """The README's engines table, from a results file (`--readme` writes it)."""
     lines = [f"{README_BEGIN}{name} -->",
-             f"Pi episodes with SmolLM2 at once, in-process engine vs a real vLLM CPU server "
-             f"(`benchmarks/engines_cpu.py`, {results['rounds']} interleaved rounds, "
-             f"{results['max_tokens']} tokens per call at most; `benchmarks/results/{name}`):",
+             f"Pi episodes with SmolLM2, N at once, the in-process engine vs a real vLLM CPU "
+             f"server (`benchmarks/engines_cpu.py`, interleaved cells, rounds: "
+             f"{results['rounds']}; at most {results['max_tokens']} tokens per call; "
+             f"`benchmarks/results/{name}`). A timed-out episode counts as ended; the load is "
+             f"the higher of the two engines' cells:",
              "",
-             "| episodes at once | tokens/s in-process / vLLM | episodes/h in-process / vLLM "
-             "| p50 first token in-process / vLLM | 1-min load |",
-             "|---|---|---|---|---|"]
+             "| N | tokens/s in-process / vLLM | episodes/h in-process / vLLM "
+             "| p50 first token in-process / vLLM | timed out in-process / vLLM | 1-min load |",
+             "|---|---|---|---|---|---|"]
     for n, row in results["summary"].items():
         a, b = row["inprocess"], row["vllm"]
         ratio = row["ratio_vllm_over_inprocess"]
         load = max(a["loadavg_1min_mean"], b["loadavg_1min_mean"])
+        timeouts = [sum(o == "timeout" for c in results["cells"] for o in c["outcomes"]
+                        if c["engine"] == engine and str(c["concurrency"]) == n)
+                    for engine in ENGINES]
         lines.append(
             f"| {n} | {a['tokens_per_s']} / {b['tokens_per_s']} (**{ratio['tokens_per_s']}×**) "
             f"| {a['episodes_per_h']} / {b['episodes_per_h']} ({ratio['episodes_per_h']}×) "
-            f"| {a['ttft_p50_s']} / {b['ttft_p50_s']} s | {load} |")
+            f"| {a['ttft_p50_s']} / {b['ttft_p50_s']} s | {timeouts[0]} / {timeouts[1]} "
+            f"| {load} |")
     over = results.get("proxy_overhead")
     if over:
         lines += ["", f"Our proxy in front of that server (no-echo mode, `ids_from="
@@ -318,6 +324,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"({cell['model_calls']} calls, {cell['wall_s']} s, "
                   f"load {cell['loadavg_start'][0]}) {cell['outcomes']}", flush=True)
         overhead = measure_overhead(engines["vllm"], args) if args.overhead_prompts else None
+        server = getattr(engines["vllm"], "owned_server", None)  # None with --url
+        startup = None if server is None else round(server.startup_s, 1)
     finally:
         for engine in engines.values():
             engine.close()
@@ -325,7 +333,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rounds": len({c["round"] for c in cells}), "max_tokens": args.max_tokens, "temperature": 1.0,
             "seed": args.seed, "episode_timeout_s": args.episode_timeout,
             "task_ids": task_ids[:max(levels)], "cpus": os.cpu_count(),
-            "run_wall_s": round(time.monotonic() - started, 1),
+            "run_wall_s": round(time.monotonic() - started, 1), "vllm_startup_s": startup,
             "summary": summarize(cells, levels), "proxy_overhead": overhead, "cells": cells}
 
 
