@@ -1,6 +1,6 @@
 """In-process transformers engine vs a real vLLM CPU server, side by side, through real Pi episodes.
 
-    python benchmarks/engines_cpu.py                 # SmolLM2, 1/4/8 episodes, ~20 min
+    python benchmarks/engines_cpu.py                 # SmolLM2, 1/4/8 episodes, <= ~30 min
     python benchmarks/engines_cpu.py --quick         # tiny-vllm, 1 episode (the test runs this)
     python benchmarks/engines_cpu.py --readme        # rewrite README's table from the results
 
