@@ -85,7 +85,7 @@ def _start_env(env: Any, args: argparse.Namespace) -> None:
     say = (lambda message: None) if args.quiet else _status
     say(f"loading engine {env.config.engine!r} and harness {env.harness.name!r}...")
     started = time.monotonic()
-    if env.config.engine == "smollm2":
+    if env.config.engine in ("auto", "smollm2"):  # one episode at a time: auto is smollm2
         from .engines.smollm2 import smollm2_is_converted
 
         if not smollm2_is_converted():
@@ -138,7 +138,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> None:
     # Defaults None: the episode settings' defaults are EpisodeConfig's (harness_gym.config).
     parser.add_argument("--engine", default=None,
-                        help="policy: smollm2 (default), tiny, oracle, oracle:noop, hf:PATH, "
+                        help="policy: auto (default: SmolLM2 in process), smollm2, tiny, oracle, "
+                             "oracle:noop, hf:PATH, "
                              "vllm:URL")
     parser.add_argument("--episode-timeout", type=float, default=None,
                         help="seconds before the CLI is killed (outcome: timeout; default: "

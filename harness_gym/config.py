@@ -54,7 +54,9 @@ class EpisodeConfig:
     - `harness`: the harness plugins, one or several (a vector env cycles them over its
       sub-envs); given as names or `HarnessSpec` objects.
     - `engine`: an engine spec string (`tiny`, `smollm2`, `oracle`, `vllm:URL`, ...) or an
-      `Engine` object (then the caller's: the env does not close it).
+      `Engine` object (then the caller's: the env does not close it). The default, `auto`, is
+      SmolLM2: in process for one episode at a time, a real vLLM server the env starts where
+      several run at once and vLLM is installed (`harness_gym.engines.auto`).
     - `sandbox`: a backend name or object; None picks `harness_gym.sandbox.default_sandbox()`
       on the machine where the episodes run.
     - `reward`: a `RewardConfig` or a dict of its fields.
@@ -96,7 +98,7 @@ class EpisodeConfig:
         self,
         *,
         harness: str | HarnessSpec | Sequence[str | HarnessSpec] = "pi",
-        engine: str | Engine = "smollm2",
+        engine: str | Engine = "auto",
         sandbox: str | SandboxBackend | None = None,
         reward: RewardConfig | Mapping[str, Any] | None = None,
         episode_timeout_s: float = 900.0,

@@ -8,9 +8,10 @@ background writer left by the agent cannot change the verdict. Failures are kept
 outcome: `timeout` (the CLI or the tests ran out of time), `harness_error` (the CLI failed and
 the tests did not pass, or the episode broke under the agent: it hit a sandbox cap such as the
 disk, or its proxy session was closed), `infra_error` (our side failed: sandbox, install, test
-patch; or the harness cannot work in the model's context window: its declared `min_context` is
-larger, checked before anything starts, or the proxy refused its very first prompt as too long,
-which stops the CLI at once), never a silent `failed`. Nothing an agent does raises out of
+patch; the engine failed a model call, e.g. its server died mid-stream; or the harness cannot
+work in the model's context window: its declared `min_context` is larger, checked before
+anything starts, or the proxy refused its very first prompt as too long, which stops the CLI at
+once), never a silent `failed`. Nothing an agent does raises out of
 `run()`.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from .config import EpisodeConfig
 from .engines import Engine, load_engine
+from .engines.auto import engine_for_episodes
 from .harness import Endpoint, HarnessError, HarnessOutput, HarnessSpec
 from .proxy import InterceptionProxy
 from .proxy.errors import ProxyError
@@ -266,6 +268,10 @@ class EpisodeRunner:
                 if outcome == "failed" and harness_failed and graded.reason != "tampered":
                     outcome = "harness_error"
                     error = output.error or f"the harness exited with code {run.exit_code}"
+            if session.trace.engine_failures:  # the CLI was cut off by our side, whatever followed
+                outcome = "infra_error"
+                error = (f"the engine failed {len(session.trace.engine_failures)} call(s) during "
+                         f"the episode; the first: {session.trace.engine_failures[0]}")
         except Exception as exc:  # every episode ends with an outcome; ours failed, not the model
             outcome, error = "infra_error", f"{type(exc).__name__}: {exc}"
             log.warning("episode of %s on %s: %s", self.harness.name, task.instance_id, error,
@@ -317,12 +323,13 @@ class EpisodeStack:
     `HarnessSWEEnv`, the thread executor and each Ray node build one from an `EpisodeConfig`.
     An engine given as an object stays the caller's (not closed here); one given as a spec is
     closed with the stack, before the proxy stops (a remote engine's connections live on the
-    proxy's event loop).
+    proxy's event loop). `in_flight` is the most episodes it runs at once: it picks what the
+    default engine `auto` is (`engines.auto.engine_for_episodes`).
     """
 
-    def __init__(self, config: EpisodeConfig) -> None:
+    def __init__(self, config: EpisodeConfig, in_flight: int = 1) -> None:
         self.config = config
-        self.engine = load_engine(config.engine)
+        self.engine = load_engine(engine_for_episodes(config.engine, in_flight))
         self._owns_engine = not isinstance(config.engine, Engine)
         self.runners: dict[str, EpisodeRunner] = {}
         self.proxy: InterceptionProxy | None = None

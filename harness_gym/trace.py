@@ -225,6 +225,13 @@ class SessionTrace:
     segments: list[TraceSegment] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
     overflows: list[ContextOverflow] = field(default_factory=list)
+    # Why the engine failed a call (down, or died mid-stream): the episode's outcome is then
+    # ours (`infra_error`), not the policy's. A server failed over before its first token
+    # never reaches here.
+    engine_failures: list[str] = field(default_factory=list)
+
+    def note_engine_failure(self, message: str) -> None:
+        self.engine_failures.append(message)
 
     def note_overflow(self, prompt_tokens: int | None, max_context: int | None) -> None:
         self.overflows.append(ContextOverflow(prompt_tokens, max_context, self.n_llm_calls))

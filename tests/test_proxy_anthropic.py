@@ -382,6 +382,7 @@ def test_an_engine_that_is_down_gets_a_529_overloaded_error(tiny):
         assert caught.value.status_code == 529
         assert caught.value.body["error"]["type"] == "overloaded_error"
         assert session.trace.calls == []
+        assert session.trace.engine_failures == ["connection refused"]  # the episode's: ours
 
 
 def test_a_failure_mid_stream_is_an_error_event(tiny):
@@ -396,6 +397,7 @@ def test_a_failure_mid_stream_is_an_error_event(tiny):
         with pytest.raises(anthropic.APIStatusError), stream as events:
             list(events)
         assert {c.kind for c in session.trace.calls} == {"aborted"}
+        assert session.trace.engine_failures == ["the engine died"] * 2
 
 
 # --- fuzz: every body gets a shaped 4xx or a valid answer, never a 500 --------------------

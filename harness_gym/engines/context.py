@@ -16,7 +16,7 @@ from ._cache import CACHE_NAMES, cache_root
 from .base import Engine
 
 # Specs that load a cached model directory (`oracle` serves tiny's tokens and scores).
-_CACHED = {"smollm2": "smollm2", "tiny": "tiny", "oracle": "tiny"}
+_CACHED = {"auto": "smollm2", "smollm2": "smollm2", "tiny": "tiny", "oracle": "tiny"}
 
 
 def declared_context(engine: str | Engine) -> int | None:

