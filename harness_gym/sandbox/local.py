@@ -133,7 +133,8 @@ def _nproc_scope() -> str | None:
     """How RLIMIT_NPROC caps a local sandbox's processes here, or None where it does not."""
     method = _pidns.how()
     if method is not None:
-        return "in the sandbox's user namespace (all its commands together)" if method.nproc else None
+        together = "in the sandbox's user namespace (all its commands together)"
+        return together if method.nproc else None
     return "in a user namespace per command (each command and all it starts)" if (
         _local_nproc_prefix()) else None
 
@@ -253,9 +254,9 @@ class LocalSandbox(Sandbox):
         self._env.update(spec.env)
         # Processes: the cgroup, else RLIMIT_NPROC where it holds (`_nproc_prefix`); memory:
         # the cgroup's limit, else RLIMIT_DATA for each process.
-        self._nproc = self._cgroup is None and (
-            self._pidns.method.nproc if self._pidns is not None else self._nproc_prefix() is not None
-        )
+        in_namespace = self._pidns is not None and self._pidns.method.nproc
+        per_command = self._pidns is None and self._nproc_prefix() is not None
+        self._nproc = self._cgroup is None and (in_namespace or per_command)
         memory_in_cgroup = self._cgroup is not None and self._cgroup.memory is not None
         rlimits = _rlimits.prlimit(
             fsize=self.limits.disk_bytes,

@@ -18,18 +18,16 @@ event is checked before the engine acts on it:
   is not one), above exactly the interpreter's entry frames seen at import. A hook called from
   a test, a conftest, a thread, a `weakref.finalize` callback or any other code is refused.
 - the grader's own code: every global of this package's modules and every attribute of their
-  classes, and the globals of `builtins`, `os`, `os.path`, `sys` and `hashlib` they call, are the
-  objects seen at import; a replaced one is put back before the event is handled, then reported.
+  classes are the objects seen when the runner's code was fixed (before any conftest); a
+  replaced, added or deleted one is put back before and after each event, then reported. (The
+  standard library they call is not: tests monkeypatch it; `builtins` is RunnerWatch's.)
 
 Each refusal is a `tamper` record (the verdict is then `tampered`). The order of events (one
 protocol per collected item, in order, each phase once) is the plugin's (`pytest_plugin.py`).
 """
 
 import _thread
-import builtins
-import hashlib
 import os
-import posixpath
 import sys
 import types
 
@@ -40,7 +38,6 @@ _get_ident = _thread.get_ident
 _getpid = os.getpid
 _setattr = setattr
 _id = id
-_type = type
 _isinstance = isinstance
 _len = len
 _list = list
@@ -115,7 +112,8 @@ class _Snapshot(object):
     def __init__(self, modules, classes):
         self.entries = []  # (owner, is_class, name, value)
         self.keys = []  # (owner, is_class, names)
-        for owner, is_class in [(m.__dict__, False) for m in modules] + [(c, True) for c in classes]:
+        owners = [(m.__dict__, False) for m in modules] + [(c, True) for c in classes]
+        for owner, is_class in owners:
             mapping = owner.__dict__ if is_class else owner
             for name, value in _list(mapping.items()):
                 self.entries.append((owner, is_class, name, value))
@@ -177,16 +175,18 @@ def _stack_problem(trusted, entry, main, pid, _get_ident=_get_ident, _getpid=_ge
     return None
 
 
-def engine(handlers, on_problem, _restore=_restore, _stack_problem=_stack_problem,
+def engine(handlers, on_problem, exempt=(), _restore=_restore, _stack_problem=_stack_problem,
            _labels=_labels):
     """The event loop: `send((name, args))` runs `handlers[name](*args)` and returns its result.
     `on_problem(check, detail)` records a refusal (and is handed nothing the caller gave).
 
-    The event `("trust", (prefixes, plugins, modules, classes))`, sent once before any conftest
-    or test module is imported, fixes which code is the runner's (the modules named by
-    `prefixes`, and the `plugins` installed outside the work tree) and snapshots the grader's
-    `modules` and `classes`; until then only the runner's start-up has run, and events are not
-    checked."""
+    The event `("trust", (prefixes, modules, classes))`, sent once before any conftest or test
+    module is imported, fixes which code is the runner's (every code object of the modules whose
+    top-level package is in `prefixes`: pytest, pluggy, this package, plugins installed outside
+    the work tree), hands it to `handlers["trusted"]`, and snapshots the grader's `modules` and
+    `classes`; until then only the runner's start-up has run, and events are not checked.
+    Events in `exempt` are handled whoever calls them, with one more argument: whether the
+    runner did (`plugin_registered`: a conftest may register plugins; it only records)."""
     main, pid = _get_ident(), _getpid()
     trusted = snapshot = None
     entry = ()
@@ -202,18 +202,17 @@ def engine(handlers, on_problem, _restore=_restore, _stack_problem=_stack_proble
                            "back): " + _labels(changed))  # fmt: skip
         if name == "trust":
             if trusted is None:
-                prefixes, plugins, modules, classes = args
+                prefixes, modules, classes = args
                 runner = [m for m in _list(sys.modules.values()) if _isinstance(m, types.ModuleType)
-                          and _getattr(m, "__name__", "").split(".")[0] in prefixes]  # fmt: skip
+                          and (_getattr(m, "__name__", None) or "").split(".")[0] in prefixes]
                 trusted = module_code(runner, prefixes)
-                trusted.update(code_objects(_list(plugins), {}))
-                for plugin in plugins:
-                    if _isinstance(plugin, types.ModuleType):
-                        trusted.update(module_code([plugin], (plugin.__name__.split(".")[0],)))
                 entry = _entry(_stack(1), trusted)
                 snapshot = _Snapshot(_list(modules), _list(classes))
+                result = handlers["trusted"](trusted)
             continue
-        if trusted is not None:
+        if name in exempt:
+            args = args + ((trusted is None or _stack_problem(trusted, entry, main, pid) is None),)
+        elif trusted is not None:
             problem = _stack_problem(trusted, entry, main, pid)
             if problem is not None:
                 on_problem("caller", "%s (event %s)" % (problem, name))

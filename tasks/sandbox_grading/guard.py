@@ -94,7 +94,8 @@ def install(on_refused):
     # rebound by the code under test (`guard._GRAPH = frozenset()`), a default cannot.
     def hook(event, args, _graph=_GRAPH, _ctypes_ok=_CTYPES_OK, _frames=_FRAME_ATTRS,
              _defaults=_DEFAULTS, _sealed=_SEALED, _raw=_RAW_MODULES, _here=_HERE,
-             _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr, _len=len):  # fmt: skip
+             _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr,
+             _len=len):  # fmt: skip
         if busy:
             return
         if event in _graph:

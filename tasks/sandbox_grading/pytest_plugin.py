@@ -67,7 +67,8 @@ class _Run(object):
     # Slots: code under test cannot shadow a method on the instance (`_run.verdict = ...`).
     __slots__ = ("channel", "workdir", "watch", "config", "registered", "hook_impls",
                  "hook_lists", "hook_files", "states", "snapshots", "fired", "function_runtest",
-                 "collecting", "items", "position", "nodeids", "current", "outside_plugins")
+                 "collecting", "items", "position", "nodeids", "current", "outside_plugins",
+                 "trusted_code")
 
     def __init__(self, channel):
         self.channel = channel
@@ -88,6 +89,7 @@ class _Run(object):
         self.nodeids = {}  # id(item) -> its node id at collection (an item's may be rewritten)
         self.current = None  # the item whose protocol is open
         self.outside_plugins = []  # plugins installed outside the work tree, before any conftest
+        self.trusted_code = None  # id -> code object of the runner's code, from the engine
         channel.record(
             "start",
             runner="pytest",
@@ -118,13 +120,14 @@ class _Run(object):
 
     # -- plugins and hooks -------------------------------------------------------------------
 
-    def plugin_registered(self, plugin, manager):
+    def plugin_registered(self, plugin, manager, by_runner=True):
         self.registered.add(id(plugin))
         path = source_file(plugin)
         if path is None:
             return
         if not inside(path, self.workdir):
-            self.watch.trusted_files.add(path)  # its patches of pytest are not an attack
+            if by_runner and self.trusted_code is None:  # installed, loaded at start-up
+                self.watch.trusted_files.add(path)  # its patches of pytest are not an attack
             return
         name = manager.get_name(plugin) if hasattr(manager, "get_name") else None
         self.channel.record(
@@ -181,6 +184,13 @@ class _Run(object):
             )
         code = getattr(impl.function, "__code__", None)
         path = getattr(code, "co_filename", None)
+        if self.trusted_code is not None and id(code) not in self.trusted_code and not (
+                path and inside(path, self.workdir)):  # fmt: skip
+            self.tampered(
+                "hooks", "%s gained an implementation that is neither the runner's nor in the "
+                "work tree (%r from %s, seen at %s)"
+                % (name, getattr(impl, "plugin_name", "?"), path, where)
+            )
         if path and path not in self.hook_files and inside(path, self.workdir):
             self.hook_files.add(path)
             self.channel.record("hookfile", hook=name, file=describe(path, self.workdir))
@@ -224,7 +234,9 @@ class _Run(object):
 
     def finish(self, item, state):
         status, detail = self.verdict(item, state)
-        self.channel.record("test", id=state.nodeid, status=status, detail=detail, origin=state.origin)
+        self.channel.record(
+            "test", id=state.nodeid, status=status, detail=detail, origin=state.origin
+        )
 
     def verdict(self, item, state):
         reports, raised = state.reports, state.raised
@@ -306,12 +318,12 @@ class _Run(object):
 
     # -- events (engine handlers: each runs once its caller is checked) ---------------------
 
-    def on_plugin_registered(self, plugin, manager):
-        self.plugin_registered(plugin, manager)
-        if plugin is sys.modules.get(__name__):
+    def on_plugin_registered(self, plugin, manager, by_runner):
+        self.plugin_registered(plugin, manager, by_runner)
+        if plugin is sys.modules.get(__name__) or not by_runner or self.trusted_code is not None:
             return
         path = source_file(plugin)
-        if not self.collecting and path is not None and not inside(path, self.workdir):
+        if path is not None and not inside(path, self.workdir):
             self.outside_plugins.append(plugin)
 
     def on_configure(self, config):
@@ -360,7 +372,9 @@ class _Run(object):
         function = getattr(function, "__func__", function)
         code = getattr(function, "__code__", None)
         if expected is not None and (function is not expected[0] or code is not expected[1]):
-            self.tampered("item", "%s: the test function was replaced after collection" % state.nodeid)
+            self.tampered(
+                "item", "%s: the test function was replaced after collection" % state.nodeid
+            )
             state.pyfunc = False
 
     def on_before_report(self, item, when):
@@ -408,6 +422,7 @@ def _handlers(run):
     handlers = dict((n, guarded(n, m)) for n, m in methods.items())
     handlers["outside_plugins"] = lambda: list(run.outside_plugins)
     handlers["workdir"] = lambda: run.workdir
+    handlers["trusted"] = lambda code: setattr(run, "trusted_code", code)
     return handlers
 
 
@@ -435,7 +450,7 @@ def _start():
     except Exception as exc:  # noqa: BLE001
         channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
         return None, None
-    loop = engine(_handlers(run), run.tampered)
+    loop = engine(_handlers(run), run.tampered, exempt=("plugin_registered",))
     next(loop)
     _no_memory_reads()
     arm = install_guard(lambda detail: run.tampered("introspection", detail))
@@ -451,7 +466,13 @@ def _trust(send, arm):
     classes = [v for m in modules for v in list(vars(m).values())
                if isinstance(v, type) and getattr(v, "__module__", "").startswith(package)]
     plugins = send(("outside_plugins", ())) or []
-    send(("trust", (("_pytest", "pytest", "pluggy", package), plugins, modules, classes)))
+    tops = set(
+        (getattr(p, "__name__", None) if isinstance(p, type(sys)) else type(p).__module__) or ""
+        for p in plugins
+    )
+    installed = tuple(sorted(set(t.split(".")[0] for t in tops if t)))
+    prefixes = ("_pytest", "pytest", "pluggy", package) + installed
+    send(("trust", (prefixes, modules, classes)))
     if arm is not None:
         arm(module_code(modules, (package,)))
 
