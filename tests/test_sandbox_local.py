@@ -115,6 +115,8 @@ def test_home_is_the_sandbox_home_and_the_host_secrets_stay_out(
     env = box.exec("env").stdout
     assert f"HOME={box.home}\n" in env
     assert "sk-host-secret" not in env
+    # nor in the environment of the pid namespace's reaper, readable from inside as pid 1's
+    assert "sk-host-secret" not in box.exec("cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'").stdout
     assert box.exec("cd && pwd").stdout.strip() == box.home
     assert box.exec("pwd").stdout.strip() == box.workdir
 

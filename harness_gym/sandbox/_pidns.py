@@ -60,6 +60,10 @@ def _start(method: Method) -> tuple[subprocess.Popen[bytes], int]:
     lifetime = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
     proc = subprocess.Popen(
         [*lifetime, *method.unshare, sys.executable, "-I", "-S", "-c", _REAPER],
+        # Not the trainer's environment: the sandbox's processes can read their pid 1's
+        # (/proc/1/environ), and the trainer's holds API keys.
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+        cwd="/",
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -2,7 +2,10 @@
 
 Loaded with `-p` before any conftest, test module or code under test is imported (see the
 package doc). At import it claims a key, opens the channel and takes the `RunnerWatch`
-baseline. Then, for each test:
+baseline, all held by the engine (`engine.py`): no global of this module, no closure cell or
+attribute the code under test can walk to holds the run; each hook function below only hands
+its arguments to the engine, which checks who called it, and runs the `_Run` handler. Then,
+for each test (in collection order, once each: a protocol or phase out of order is refused):
 
 - it wraps the test's protocol and each phase (outermost hook wrappers), so it sees what each
   phase really raised, independently of the report pytest builds from it;
