@@ -134,6 +134,53 @@ _spec.loader.exec_module(_module)
 _pytest_objects()["config"].pluginmanager.register(_module, "helpful")
 """
 
+# A profile function: it is handed every frame, the grader's engine's too.
+PROFILER = """
+import sys
+try:
+    sys.setprofile(lambda frame, event, arg: None)
+except RuntimeError:
+    pass
+"""
+
+# A plugin object whose attribute lookups run code inside the grader's handler (it reads the
+# plugin's `__file__`): from there, a frame walk back to the grader's state.
+GETATTR_INSIDE_THE_GRADER = FIND + """
+class _Sneaky(object):
+    def __getattr__(self, name):
+        try:
+            frame = sys._getframe(1)
+            while frame is not None:
+                for value in list(frame.f_locals.values()):
+                    if hasattr(value, "channel") and hasattr(value, "states"):
+                        value.channel.record("test", id="%s", status="PASSED")
+                frame = frame.f_back
+        except RuntimeError:
+            pass
+        raise AttributeError(name)
+_pytest_objects()["config"].pluginmanager.register(_Sneaky(), "sneaky")
+""" % F2P
+
+# A signal handler is handed the frame the interpreter was in: fired every 50 us, it looks for
+# the grader's state in that frame and the ones below, and for the hook functions' `_send`.
+SIGNAL_FRAMES = """
+import signal
+_found = []
+def _handler(signum, frame):
+    while frame is not None:
+        local = frame.f_locals
+        for value in list(local.values()):
+            if hasattr(value, "channel") and hasattr(value, "states") and not _found:
+                _found.append(value)
+                value.channel.record("test", id="%s", status="PASSED")
+        if "_send" in local and callable(local["_send"]) and not _found:
+            _found.append(local["_send"])
+            local["_send"](("observe", (None, "call", None)))
+        frame = frame.f_back
+signal.signal(signal.SIGALRM, _handler)
+signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+""" % F2P
+
 # A hook function's link replaced.
 REPLACE_THE_DEFAULTS = FIND + '''
 try:
@@ -212,6 +259,8 @@ ATTACKS = {
     "defaults-replaced": (REPLACE_THE_DEFAULTS, "__defaults__ of a grader function replaced"),
     "fork-and-continue": (FORK_AND_CONTINUE, "a forked copy of the runner"),
     "force-result-plugin": (FORCE_RESULT_PLUGIN, "neither the runner's nor in the work tree"),
+    "profile-function": (PROFILER, "sys.setprofile() called by code that is not the runner's"),
+    "getattr-inside-the-grader": (GETATTR_INSIDE_THE_GRADER, "a frame taken while the grader"),
     "own-memory-read": (READ_OWN_MEMORY, "reading a process's memory"),
 }
 
@@ -227,6 +276,17 @@ def test_in_process_forgery_is_caught(backend, tmp_path: Path, attack: str) -> N
         assert f"PASSED {F2P}" in result.test_output
     else:
         assert result.tests.get(F2P) != TestStatus.PASSED
+
+
+def test_a_signal_handler_never_lands_in_the_graders_frames(backend, tmp_path: Path) -> None:
+    """Signals are blocked while the grader handles an event; outside one, the handler finds
+    only the hook functions' `_send`, and calling it is refused (its frame is on the stack)."""
+    result = run_agent(backend, CALC, tmp_path, _init_with(SIGNAL_FRAMES))
+    assert result.outcome == "failed", (result.reason, result.error)
+    assert result.tests.get(F2P) != TestStatus.PASSED
+    assert result.reason in ("tampered", "tests_failed", "incomplete"), result.error
+    if result.reason == "tampered":
+        assert "not by the test runner" in result.error or "introspection" in result.error
 
 
 def test_swapped_node_ids_do_not_move_a_pass(backend, tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ def _labels(changed):
     )
 
 
-def _stack_problem(trusted, entry, main, pid, _get_ident=_get_ident, _getpid=_getpid,
+def _stack_problem(trusted, entry, main, pid, skip, _get_ident=_get_ident, _getpid=_getpid,
                    _getframe=_getframe, _len=len, _tuple=tuple, _id=id):  # fmt: skip
     """Why the hook function that sent the current event was not called by the runner, or None
     (see the module doc). Bound like `_restore`."""
@@ -160,7 +160,7 @@ def _stack_problem(trusted, entry, main, pid, _get_ident=_get_ident, _getpid=_ge
         return "a grader hook was called outside the runner's main thread"
     if _getpid() != pid:
         return "a grader hook was called in a forked copy of the runner (pid %d)" % _getpid()
-    frame = _getframe(2)  # above: this function, the engine; from the hook function down
+    frame = _getframe(skip)  # skipped: this function and the engine's own; the hook down
     codes = []
     while frame is not None:
         codes.append(frame.f_code)
@@ -175,8 +175,59 @@ def _stack_problem(trusted, entry, main, pid, _get_ident=_get_ident, _getpid=_ge
     return None
 
 
-def engine(handlers, on_problem, exempt=(), _restore=_restore, _stack_problem=_stack_problem,
-           _labels=_labels):
+def _signals():
+    """Every asynchronous signal: blocked while an event is handled, so no Python signal handler
+    (which is handed the current frame) runs inside the grader. Faults stay deliverable."""
+    import signal
+
+    faults = set(getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+                 if hasattr(signal, n))  # fmt: skip
+    mask = getattr(signal, "pthread_sigmask", None)
+    valid = getattr(signal, "valid_signals", None)
+    if mask is None or valid is None:
+        return None
+    block = set(valid()) - faults
+    return lambda: mask(signal.SIG_BLOCK, block), lambda old: mask(signal.SIG_SETMASK, old)
+
+
+def _handle(event, state, handlers, on_problem, exempt, main, pid, _restore=_restore,
+            _stack_problem=_stack_problem, _labels=_labels):  # fmt: skip
+    """One event (see `engine`); its handler's result, or None when refused."""
+    name, args = event
+    trusted, snapshot = state["trusted"], state["snapshot"]
+    if snapshot is not None:
+        changed = _restore(snapshot)
+        if changed:
+            on_problem("integrity", "the grader's own code was changed while it ran (put "
+                       "back): " + _labels(changed))  # fmt: skip
+    if name == "trust":
+        if trusted is None:
+            prefixes, modules, classes = args
+            runner = [m for m in _list(sys.modules.values()) if _isinstance(m, types.ModuleType)
+                      and (_getattr(m, "__name__", None) or "").split(".")[0] in prefixes]
+            trusted = state["trusted"] = module_code(runner, prefixes)
+            state["entry"] = _entry(_stack(2), trusted)
+            state["snapshot"] = _Snapshot(_list(modules), _list(classes))
+            handlers["trusted"](trusted)
+        return trusted
+    if name in exempt:
+        by_runner = trusted is None or _stack_problem(trusted, state["entry"], main, pid, 3) is None
+        args = args + (by_runner,)
+    elif trusted is not None:
+        problem = _stack_problem(trusted, state["entry"], main, pid, 3)
+        if problem is not None:
+            on_problem("caller", "%s (event %s)" % (problem, name))
+            return None
+    result = handlers[name](*args)
+    if snapshot is not None:  # what ran during the handler (a repr, a property) may patch
+        changed = _restore(snapshot)
+        if changed:
+            on_problem("integrity", "the grader's own code was changed while it ran (put "
+                       "back): " + _labels(changed))  # fmt: skip
+    return result
+
+
+def engine(handlers, on_problem, exempt=(), in_event=None, _handle=_handle, _signals=_signals):
     """The event loop: `send((name, args))` runs `handlers[name](*args)` and returns its result.
     `on_problem(check, detail)` records a refusal (and is handed nothing the caller gave).
 
@@ -186,40 +237,19 @@ def engine(handlers, on_problem, exempt=(), _restore=_restore, _stack_problem=_s
     the work tree), hands it to `handlers["trusted"]`, and snapshots the grader's `modules` and
     `classes`; until then only the runner's start-up has run, and events are not checked.
     Events in `exempt` are handled whoever calls them, with one more argument: whether the
-    runner did (`plugin_registered`: a conftest may register plugins; it only records)."""
+    runner did (`plugin_registered`: a conftest may register plugins; it only records).
+    `in_event` (the guard's) is non-empty while an event is handled; signals are blocked then."""
     main, pid = _get_ident(), _getpid()
-    trusted = snapshot = None
-    entry = ()
+    state = {"trusted": None, "snapshot": None, "entry": ()}
+    in_event = [] if in_event is None else in_event
+    block, unblock = _signals() or (lambda: None, lambda old: None)
     result = None
     while True:
         event = yield result
-        result = None
-        name, args = event
-        if snapshot is not None:
-            changed = _restore(snapshot)
-            if changed:
-                on_problem("integrity", "the grader's own code was changed while it ran (put "
-                           "back): " + _labels(changed))  # fmt: skip
-        if name == "trust":
-            if trusted is None:
-                prefixes, modules, classes = args
-                runner = [m for m in _list(sys.modules.values()) if _isinstance(m, types.ModuleType)
-                          and (_getattr(m, "__name__", None) or "").split(".")[0] in prefixes]
-                trusted = module_code(runner, prefixes)
-                entry = _entry(_stack(1), trusted)
-                snapshot = _Snapshot(_list(modules), _list(classes))
-                result = handlers["trusted"](trusted)
-            continue
-        if name in exempt:
-            args = args + ((trusted is None or _stack_problem(trusted, entry, main, pid) is None),)
-        elif trusted is not None:
-            problem = _stack_problem(trusted, entry, main, pid)
-            if problem is not None:
-                on_problem("caller", "%s (event %s)" % (problem, name))
-                continue
-        result = handlers[name](*args)
-        if snapshot is not None:  # what ran during the handler (a repr, a property) may patch
-            changed = _restore(snapshot)
-            if changed:
-                on_problem("integrity", "the grader's own code was changed while it ran (put "
-                           "back): " + _labels(changed))  # fmt: skip
+        old = block()
+        in_event.append(1)
+        try:
+            result = _handle(event, state, handlers, on_problem, exempt, main, pid)
+        finally:
+            in_event.pop()
+            unblock(old)

@@ -27,6 +27,7 @@ _SEALED = frozenset(("__code__", "__defaults__", "__kwdefaults__"))  # no writes
 _DEFAULTS = frozenset(("__defaults__", "__kwdefaults__"))  # no reads either, once armed
 _RAW_MODULES = frozenset(("_testcapi", "_testinternalcapi", "_testmultiphase", "_ctypes_test"))
 _CTYPES_OK = frozenset(("ctypes.dlopen",))
+_TRACERS = frozenset(("sys.settrace", "sys.setprofile", "sys.monitoring.register_callback"))
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _FUNCTION = type(lambda: None)
 _getframe = sys._getframe
@@ -53,15 +54,21 @@ def _memory_file(path, _fspath=_fspath, _fsdecode=_fsdecode, _realpath=_realpath
 
 
 def install(on_refused):
-    """Add the hook; `on_refused(detail)` records a refusal. Returns `arm(grader_code)`, to call
-    once pluggy has read the grader's hook functions (from then on their defaults are not
-    readable, and refused calls made directly by code whose id is in `grader_code` pass: the
-    watch's own use of `gc`), or None where audit hooks do not exist (Python < 3.8)."""
+    """Add the hook; `on_refused(detail)` records a refusal. Returns `(arm, in_event)`, or
+    (None, None) where audit hooks do not exist (Python < 3.8). `arm(grader_code, runner_code)`
+    (code ids), called once pluggy has read the grader's hook functions: from then on their
+    defaults are not readable, refused calls made directly by grader code pass (the watch's own
+    `gc`), and only runner or grader code may install a trace or profile function (one is
+    handed every frame). `in_event`, a list the engine keeps non-empty while it handles an
+    event: meanwhile no frame may be taken (`sys._getframe`, a traceback's `tb_frame`) but by
+    grader code, so code the grader calls into (a `__repr__`, a property) cannot walk back to
+    the engine's frame."""
     add = getattr(sys, "addaudithook", None)
     if add is None:
-        return None
+        return None, None
     busy = []  # the hook's own attribute reads raise events too: not re-entered
-    armed = []  # [grader code ids] once armed
+    armed = []  # [grader code ids, runner code ids] once armed
+    in_event = []  # non-empty while the engine handles an event (engine.py)
 
     def refuse(detail):
         busy.append(1)
@@ -80,13 +87,15 @@ def install(on_refused):
         finally:
             busy.pop()
 
-    def from_grader(_getframe=_getframe, _id=id):
-        """Whether the code that raised the event is the grader's own (by code identity)."""
+    def from_grader(which=0, _getframe=_getframe, _id=id):
+        """Whether the code that raised the event is the grader's own (`which` 0), or the
+        runner's or the grader's (1), by code identity."""
         if not armed:
             return False
         busy.append(1)
         try:
-            return _id(_getframe(2).f_code) in armed[0]  # 0: this, 1: the hook
+            code = _id(_getframe(2).f_code)  # 0: this, 1: the hook
+            return code in armed[0] or (which == 1 and code in armed[1])
         finally:
             busy.pop()
 
@@ -95,12 +104,21 @@ def install(on_refused):
     def hook(event, args, _graph=_GRAPH, _ctypes_ok=_CTYPES_OK, _frames=_FRAME_ATTRS,
              _defaults=_DEFAULTS, _sealed=_SEALED, _raw=_RAW_MODULES, _here=_HERE,
              _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr,
-             _len=len):  # fmt: skip
+             _len=len, _tracers=_TRACERS):  # fmt: skip
         if busy:
             return
         if event in _graph:
             if not from_grader():
                 refuse("%s() called while the grader runs (an object-graph or frame walk)" % event)
+        elif event in _tracers:
+            if armed and not from_grader(1):
+                refuse("%s() called by code that is not the runner's (a trace or profile "
+                       "function is handed every frame, the grader's too)" % event)  # fmt: skip
+        elif armed and in_event and (event == "sys._getframe" or (
+                event == "object.__getattr__" and _len(args) == 2 and args[1] == "tb_frame")):
+            if not from_grader():
+                refuse("a frame taken while the grader handles an event (%s): from code the "
+                       "grader called, walking back to the grader's" % event)  # fmt: skip
         elif event.startswith("ctypes.") and event not in _ctypes_ok:
             refuse("%s: ctypes memory access while the grader runs" % event)
         elif event == "object.__getattr__" and _len(args) == 2 and args[1] in _frames:
@@ -132,9 +150,10 @@ def install(on_refused):
         elif event == "import" and args and args[0] in _raw:
             refuse("import %s: a module that reads raw memory, while the grader runs" % args[0])
 
-    def arm(grader_code):
+    def arm(grader_code, runner_code):
         if not armed:
             armed.append(frozenset(grader_code))
+            armed.append(frozenset(runner_code))
 
     add(hook)
-    return arm
+    return arm, in_event

@@ -453,10 +453,10 @@ def _start():
     except Exception as exc:  # noqa: BLE001
         channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
         return None, None
-    loop = engine(_handlers(run), run.tampered, exempt=("plugin_registered",))
-    next(loop)
     _no_memory_reads()
-    arm = install_guard(lambda detail: run.tampered("introspection", detail))
+    arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail))
+    loop = engine(_handlers(run), run.tampered, exempt=("plugin_registered",), in_event=in_event)
+    next(loop)
     return loop.send, arm
 
 
@@ -474,10 +474,11 @@ def _trust(send, arm):
         for p in plugins
     )
     installed = tuple(sorted(set(t.split(".")[0] for t in tops if t)))
-    prefixes = ("_pytest", "pytest", "pluggy", package) + installed
-    send(("trust", (prefixes, modules, classes)))
-    if arm is not None:
-        arm(module_code(modules, (package,)))
+    tracers = tuple(n for n in ("coverage",) if n in sys.modules)  # pytest-cov's tracer
+    prefixes = ("_pytest", "pytest", "pluggy", package) + installed + tracers
+    runner_code = send(("trust", (prefixes, modules, classes)))
+    if arm is not None and runner_code is not None:
+        arm(module_code(modules, (package,)), runner_code)
 
 
 _SEND, _ARM = _start()
