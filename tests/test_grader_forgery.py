@@ -146,8 +146,12 @@ except RuntimeError:
 # A plugin object whose attribute lookups run code inside the grader's handler (it reads the
 # plugin's `__file__`): from there, a frame walk back to the grader's state.
 GETATTR_INSIDE_THE_GRADER = FIND + """
+_walking = []
 class _Sneaky(object):
     def __getattr__(self, name):
+        if _walking:  # its own hasattr() calls below
+            raise AttributeError(name)
+        _walking.append(1)
         try:
             frame = sys._getframe(1)
             while frame is not None:
@@ -157,6 +161,8 @@ class _Sneaky(object):
                 frame = frame.f_back
         except RuntimeError:
             pass
+        finally:
+            _walking.pop()
         raise AttributeError(name)
 _pytest_objects()["config"].pluginmanager.register(_Sneaky(), "sneaky")
 """ % F2P
