@@ -20,6 +20,7 @@ from harness_gym.tasks.diffs import paths_touched_by
 
 from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent
+from harness_gym.sandbox._pidns import how as pid_namespace
 from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox._processes import marked_pids
 from support.as_user import run_as_user, why_not
@@ -65,9 +66,9 @@ def attack(backend: SandboxBackend, tmp_path: Path, *, skip_kill: bool) -> Grade
     repo = tmp_path / f"repo-{uuid.uuid4().hex[:6]}"
     materialize(CALC, repo)
     token = uuid.uuid4().hex
-    # On local without a cgroup a scrubbed environment escapes the marker search: there the
-    # process keeps its markers (local.py's module doc says so).
-    scrub = backend.name != "local" or cgroup_parent() is not None
+    # On local without a cgroup or a pid namespace a scrubbed environment escapes the marker
+    # search: there the process keeps its markers (local.py's module doc says so).
+    scrub = backend.name != "local" or cgroup_parent() is not None or pid_namespace() is not None
     with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="grade-alone")) as sandbox:
         leave_a_writer(sandbox, CALC, token, scrub)
         if skip_kill:
@@ -126,7 +127,8 @@ print(json.dumps(out))
 
 def test_grade_alone_as_a_non_root_user() -> None:
     """The same attack and control as a throwaway non-root user (no cgroup: RLIMIT_NPROC in a
-    user namespace, and on `local` the marker search, which an `env -i` escapee would evade)."""
+    user namespace; on `local` the sandbox's pid namespace, made in a user namespace, finds the
+    `env -i` + setsid escapee, where util-linux can make one)."""
     if why := why_not():
         pytest.skip(why)
     done = run_as_user(AS_USER.replace("TESTS", repr(str(Path(__file__).parent))), timeout=600)

@@ -300,7 +300,7 @@ def _init_with(code: str) -> Agent:
         (FORGE_CALL_AND_REPORT, "_pytest.runner.call_and_report was replaced"),
         (REBIND_ASSERTION_ERROR, "builtins.AssertionError was replaced"),
         (REGISTER_A_PLUGIN, "gc.get_objects() called while the grader runs"),
-        (TRACE_OVER_ASSERTS, "trace or profile function from the work tree"),
+        (TRACE_OVER_ASSERTS, "sys.settrace() called by code that is not the runner's"),
     ],
     ids=["patch-TestReport", "patch-call_and_report", "rebind-AssertionError", "register-plugin",
          "settrace-jumps-asserts"],

@@ -46,6 +46,7 @@ from harness_gym.harness import load_harness
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.sandbox import SandboxBackend, load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent, memory_parent
+from harness_gym.sandbox._pidns import how as pid_namespace
 from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
 from harness_gym.sandbox.docker import docker_unavailable
 from harness_gym.tasks.diffs import paths_touched_by
@@ -159,9 +160,9 @@ def test_a_process_the_agent_leaves_running_cannot_change_the_verdict(
 ) -> None:
     task = TASKS[0]
     token = uuid.uuid4().hex
-    # On local without a cgroup, a scrubbed environment would escape the marker search (the
-    # module doc of local.py says so); every other case gets the strongest escape.
-    scrubbed = backend_name != "local" or cgroup_parent() is not None
+    # On local without a cgroup or a pid namespace, a scrubbed environment would escape the
+    # marker search (the module doc of local.py says so); every other case gets the strongest.
+    scrubbed = backend_name != "local" or cgroup_parent() is not None or pid_namespace() is not None
     escape = 'setsid -f env -i PATH="$PATH" nohup' if scrubbed else "setsid -f nohup"
     command = lingering_attack(task, token, escape, payload)
     backend = WatchedBackend(load_sandbox(backend_name), token)

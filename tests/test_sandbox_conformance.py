@@ -10,6 +10,7 @@ from sandbox_conformance import SandboxConformance
 
 from harness_gym.sandbox import SandboxBackend, UnisolatedSandboxWarning
 from harness_gym.sandbox._cgroups import cgroup_parent
+from harness_gym.sandbox._pidns import how as pid_namespace
 from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
 from harness_gym.sandbox.docker import DockerSandboxBackend, docker_unavailable
 from harness_gym.sandbox.local import LocalSandboxBackend
@@ -22,7 +23,7 @@ _CGROUPS = cgroup_parent() is not None
 class TestLocal(SandboxConformance):
     backend_name = "local"
     isolates_files = False
-    kills_every_escapee = _CGROUPS
+    kills_every_escapee = _CGROUPS or pid_namespace() is not None
     caps_pids = _CGROUPS
     caps_output = True
 

@@ -22,6 +22,7 @@ from harness_gym.sandbox import (
     default_sandbox,
     load_sandbox,
 )
+from harness_gym.sandbox._pidns import how as pid_namespace
 from harness_gym.sandbox._processes import SANDBOX_MARKER, marked_pids
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
 
@@ -49,8 +50,17 @@ def repo(tmp_path: Path) -> Path:
 
 
 def alive(pattern: str) -> list[str]:
+    """Pids whose command line has `pattern`; not the `nsenter` that started a command in the
+    sandbox's pid namespace (its argv holds the command; it exits with it)."""
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return found.stdout.split()
+    return [pid for pid in found.stdout.split() if _comm(pid) != "nsenter"]
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def unique_sleep() -> tuple[str, str]:
@@ -105,6 +115,8 @@ def test_home_is_the_sandbox_home_and_the_host_secrets_stay_out(
     env = box.exec("env").stdout
     assert f"HOME={box.home}\n" in env
     assert "sk-host-secret" not in env
+    # nor in the environment of the pid namespace's reaper, readable from inside as pid 1's
+    assert "sk-host-secret" not in box.exec("cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'").stdout
     assert box.exec("cd && pwd").stdout.strip() == box.home
     assert box.exec("pwd").stdout.strip() == box.workdir
 
@@ -234,3 +246,49 @@ def test_local_is_never_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     said = str(raised.value)
     assert "apt-get install bubblewrap" in said and "no daemon" in said
     assert 'sandbox="local"' in said
+
+
+ESCAPEES = (
+    "env -i setsid -f {sleep}",  # no marker variable, a new session
+    "env -i bash -c '( ( {sleep} & ) & )'",  # no marker, double-forked
+    "env -i setsid -f bash -c 'trap \"\" TERM HUP; exec {sleep}'",  # and deaf to SIGTERM
+)
+
+
+@pytest.mark.skipif(pid_namespace() is None, reason="util-linux cannot make a pid namespace here")
+def test_kill_processes_finds_what_scrubbed_its_environment_without_a_cgroup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sandbox's pid namespace alone (no cgroup: as a non-root user would have it) finds
+    processes that left their session with a scrubbed environment, then the next command runs
+    in a fresh namespace."""
+    monkeypatch.setattr("harness_gym.sandbox.local.SandboxCgroup.make", lambda *a: None)
+    sleep, marker = unique_sleep()
+    with LocalSandbox(SandboxSpec()) as box:
+        box.start("; ".join(e.format(sleep=sleep) for e in ESCAPEES) + "; sleep 1000")
+        deadline = time.monotonic() + 10
+        while len(alive(marker)) < len(ESCAPEES) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(alive(marker)) == len(ESCAPEES)
+        assert marked_pids(SANDBOX_MARKER, box.id) != []  # the harness itself still marked
+        box.kill_processes()
+        assert alive(marker) == []  # when kill_processes returns: exact, no wait
+        assert box.exec(f"{sleep} & echo started").stdout == "started\n"
+        assert len(alive(marker)) == 1  # a background child still outlives its command
+    assert alive(marker) == []
+
+
+def test_without_the_pid_namespace_such_a_process_would_have_escaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: with neither cgroup nor pid namespace, the marker search misses it."""
+    monkeypatch.setattr("harness_gym.sandbox.local.SandboxCgroup.make", lambda *a: None)
+    monkeypatch.setattr(LocalSandbox, "_pid_namespace_method", lambda self: None)
+    sleep, marker = unique_sleep()
+    try:
+        with LocalSandbox(SandboxSpec()) as box:
+            box.exec(ESCAPEES[0].format(sleep=sleep))
+            box.kill_processes()
+        assert len(alive(marker)) == 1
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", marker], capture_output=True)  # ours alone

@@ -238,6 +238,9 @@ class BwrapSandbox(LocalSandbox):
     def _nproc_launcher(self) -> list[str]:
         return []  # the rlimit is set inside bwrap (`bwrap_argv`), not before it
 
+    def _pid_namespace_method(self) -> None:
+        return None  # each command has a pid namespace of its own, bwrap's (module doc)
+
     def _scratch_mounts(self) -> list[str]:
         sized = ["--size", str(self._tmp_bytes)] if _sized_tmpfs() else []
         return [*sized, "--tmpfs", "/tmp", *sized, "--tmpfs", "/dev/shm"]

@@ -6,13 +6,17 @@ site-packages runs in every later grading). So `local` is never chosen for you
 (`default_sandbox()` picks `bwrap` or `docker`), and creating the backend warns with
 `UnisolatedSandboxWarning`: it is for debugging a harness, not for training.
 
-What it does guarantee is cleanup (DESIGN invariant 5), best effort: every command runs in its
-own session, a timeout kills the whole group, and killing a job, `kill_processes()` or closing
-the sandbox also kills processes that left the group with setsid(), found by marker variables
-(HARNESS_GYM_JOB_ID, HARNESS_GYM_SANDBOX_ID) in their environment. A process that scrubbed its
-environment (`env -i`) escapes that search; where this host lets us make cgroups (root), every
-command also runs in the sandbox's own cgroup (`_cgroups.py`), which finds it anyway and caps
-the sandbox's processes (`pids`, so a fork bomb stops there).
+What it does guarantee is cleanup (DESIGN invariant 5): every command runs in its own session,
+a timeout kills the whole group, and killing a job, `kill_processes()` or closing the sandbox
+also kills processes that left the group with setsid(), found by marker variables
+(HARNESS_GYM_JOB_ID, HARNESS_GYM_SANDBOX_ID) in their environment. Where util-linux can make
+one (root, or a non-root user with user namespaces), the sandbox's commands all run in a pid
+namespace of its own (`_pidns.py`), which `kill_processes()` and `close()` kill whole: exact,
+whatever a process did (`env -i` + setsid included); background children still outlive the
+command that started them, as before. Where this host lets us make cgroups (root), every command
+also runs in the sandbox's own cgroup (`_cgroups.py`), which caps the sandbox's processes
+(`pids`, so a fork bomb stops there). With neither, a process that scrubbed its environment
+(`env -i`) and left its session escapes.
 
 Caps (`SandboxLimits`; `caps()` says which hold here): processes and memory by the sandbox's
 cgroup where one can be made (root), else by rlimits (`_rlimits.py`: RLIMIT_NPROC inside a user
@@ -47,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from . import _pidns
 from . import _processes as procs
 from . import _rlimits
 from ._cgroups import SandboxCgroup, cgroup_parent, memory_parent, reap_stale_cgroups
@@ -118,9 +123,20 @@ def _read_text(path: Path, limit: int = OUTPUT_LIMIT_BYTES) -> str:
 @functools.cache
 def _local_nproc_prefix() -> tuple[str, ...] | None:
     """The user-namespace prefix under which RLIMIT_NPROC caps a local command, measured; None
-    where it does not (root, no user namespaces)."""
+    where it does not (root, no user namespaces). Only where no pid namespace can be made: in
+    one, the sandbox's user namespace is the scope (`_pidns`)."""
     userns = tuple(_rlimits.in_user_namespace())
     return userns if userns and _rlimits.nproc_works(userns) else None
+
+
+def _nproc_scope() -> str | None:
+    """How RLIMIT_NPROC caps a local sandbox's processes here, or None where it does not."""
+    method = _pidns.how()
+    if method is not None:
+        together = "in the sandbox's user namespace (all its commands together)"
+        return together if method.nproc else None
+    return "in a user namespace per command (each command and all it starts)" if (
+        _local_nproc_prefix()) else None
 
 
 def host_caps(limits: SandboxLimits, nproc: str | None, backend: str) -> SandboxCaps:
@@ -218,6 +234,8 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._lock = threading.Lock()
         self._cgroup: SandboxCgroup | None = None
+        method = self._pid_namespace_method()
+        self._pidns = _pidns.PidNamespace(method) if method is not None else None
         try:
             work = self.root / "work"
             if spec.repo is not None:
@@ -236,30 +254,34 @@ class LocalSandbox(Sandbox):
         self._env.update(spec.env)
         # Processes: the cgroup, else RLIMIT_NPROC where it holds (`_nproc_prefix`); memory:
         # the cgroup's limit, else RLIMIT_DATA for each process.
-        self._nproc = self._cgroup is None and self._nproc_prefix() is not None
+        in_namespace = self._pidns is not None and self._pidns.method.nproc
+        per_command = self._pidns is None and self._nproc_prefix() is not None
+        self._nproc = self._cgroup is None and (in_namespace or per_command)
         memory_in_cgroup = self._cgroup is not None and self._cgroup.memory is not None
         rlimits = _rlimits.prlimit(
             fsize=self.limits.disk_bytes,
             data=None if memory_in_cgroup else self.limits.memory_bytes,
         )
         self._memory_scope = "sandbox" if memory_in_cgroup else ("process" if rlimits else None)
-        self._launcher = [
-            *(self._cgroup.launcher() if self._cgroup else []),
-            *rlimits,
-            *self._nproc_launcher(),
-        ]
+        self._outer = [*(self._cgroup.launcher() if self._cgroup else []), *rlimits]
+        self._inner = self._nproc_launcher()
         self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
 
     def _nproc_prefix(self) -> tuple[str, ...] | None:
         return _local_nproc_prefix()
 
+    def _pid_namespace_method(self) -> _pidns.Method | None:
+        return _pidns.how()
+
     def _nproc_launcher(self) -> list[str]:
         """What goes right before the command to cap its processes by RLIMIT_NPROC: a user
         namespace of its own, then the rlimit inside it (see `_rlimits`)."""
-        prefix = self._nproc_prefix()
-        if not self._nproc or prefix is None:
+        if not self._nproc:
             return []
-        return [*prefix, *_rlimits.prlimit(nproc=self.limits.pids)]
+        if self._pidns is not None:  # already in the sandbox's user namespace
+            return _rlimits.prlimit(nproc=self.limits.pids)
+        prefix = self._nproc_prefix()
+        return [] if prefix is None else [*prefix, *_rlimits.prlimit(nproc=self.limits.pids)]
 
     @property
     def pids_limited(self) -> bool:
@@ -326,9 +348,11 @@ class LocalSandbox(Sandbox):
                 open(stderr_path, "wb") as err,
                 open(stdin_path or os.devnull, "rb") as stdin,
             ):
+                where = str(self.path(cwd)) if cwd else self.workdir
+                namespace = self._pidns.prefix(where) if self._pidns is not None else []
                 proc = subprocess.Popen(
-                    [*self._launcher, *_argv(command)],
-                    cwd=self.path(cwd) if cwd else self.workdir,
+                    [*self._outer, *namespace, *self._inner, *_argv(command)],
+                    cwd=where,
                     env={**self._command_env(env), procs.JOB_MARKER: job_id},
                     stdin=stdin,  # never the host's: a CLI that reads stdin would hang on it
                     stdout=out,
@@ -407,6 +431,8 @@ class LocalSandbox(Sandbox):
             jobs = list(self._jobs)
         for job in jobs:
             job.kill()
+        if self._pidns is not None:
+            self._pidns.kill()  # exact: nothing the sandbox started outlives its namespace
         procs.kill_marked(procs.SANDBOX_MARKER, self.id)
         if self._cgroup is not None and not self._cgroup.kill_all():
             left = self._cgroup.pids()
@@ -414,8 +440,8 @@ class LocalSandbox(Sandbox):
 
     def kill_processes(self) -> None:
         """Kill everything the sandbox's commands started (see `Sandbox.kill_processes`).
-        Exact where a cgroup holds the sandbox; else processes that scrubbed their
-        environment and left their session escape (the module doc says why)."""
+        Exact where the sandbox has a pid namespace (`_pidns`) or a cgroup; else processes
+        that scrubbed their environment and left their session escape (the module doc)."""
         self._check_open()
         self._disk_watch.stop()
         self._kill_all()
@@ -485,8 +511,7 @@ class LocalSandboxBackend(SandboxBackend):
         self.limits = limits
 
     def caps(self) -> SandboxCaps:
-        prefix = _local_nproc_prefix()
-        return host_caps(self.limits, "in a user namespace" if prefix else None, self.name)
+        return host_caps(self.limits, _nproc_scope(), self.name)
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         return LocalSandbox(spec, self.limits)

@@ -45,8 +45,7 @@ def _pkg_resources_entry_points():
 
 def _workdir():
     plugin = sys.modules.get(__name__.rpartition(".")[0] + ".pytest_plugin")
-    run = getattr(plugin, "_run", None)
-    return getattr(run, "workdir", None)
+    return getattr(plugin, "WORKDIR", None)
 
 
 def load_trusted_entry_points(manager):

@@ -5,12 +5,16 @@ before the refused call returns, so catching the exception does not hide it.
 
 Refused: walks of the object graph (`gc.get_objects`, `gc.get_referrers`, `gc.get_referents`),
 every thread's frames (`sys._current_frames`), the frame of a suspended grader generator (its
-hook wrappers: `gi_frame`/`cr_frame`/`ag_frame` of grader code), and ctypes' reads and calls
-(`string_at`, `from_address`, foreign calls, `pythonapi` symbols: raw memory). `import ctypes`
-and loading a library stay allowed. An audit hook cannot be removed once added.
+hook wrappers and the engine that holds the run's state: `gi_frame`/`cr_frame`/`ag_frame` of
+grader code), ctypes' reads and calls (`string_at`, `from_address`, foreign calls, `pythonapi`
+symbols: raw memory), opening a process's memory (`/proc/PID/mem`), importing CPython's test
+modules that read raw memory, reading the defaults of a grader hook function (where its link to
+the engine is: `engine.py`) and replacing a grader function's code or defaults. `import ctypes`
+and loading a library stay allowed. An audit hook cannot be removed once added, and this one
+reads nothing from module globals at call time.
 
-Not covered (docs/reward-integrity.md): plain attribute walks that reach the plugin through
-pytest's own objects (its plugin registry), which no audit event marks.
+Plain attribute walks through pytest's objects reach the plugin's module and its functions
+(no audit event marks them); they find nothing there that writes a record or holds a verdict.
 """
 
 import os
@@ -19,17 +23,52 @@ import sys
 _GRAPH = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents",
                     "sys._current_frames"))  # fmt: skip
 _FRAME_ATTRS = frozenset(("gi_frame", "cr_frame", "ag_frame"))
+_SEALED = frozenset(("__code__", "__defaults__", "__kwdefaults__"))  # no writes to grader functions
+_DEFAULTS = frozenset(("__defaults__", "__kwdefaults__"))  # no reads either, once armed
+_RAW_MODULES = frozenset(("_testcapi", "_testinternalcapi", "_testmultiphase", "_ctypes_test"))
 _CTYPES_OK = frozenset(("ctypes.dlopen",))
+_TRACERS = frozenset(("sys.settrace", "sys.setprofile", "sys.monitoring.register_callback"))
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_FUNCTION = type(lambda: None)
+_getframe = sys._getframe
+_fspath = os.fspath
+_fsdecode = os.fsdecode
+_realpath = os.path.realpath
+
+
+def _memory_file(path, _fspath=_fspath, _fsdecode=_fsdecode, _realpath=_realpath):
+    """Whether `path` (of an `open` event) names a process's memory: /proc/PID/mem (also a
+    relative `mem`, which a dir_fd of /proc/PID would resolve), /dev/mem, /dev/kmem."""
+    if isinstance(path, int):
+        return False
+    try:
+        text = _fsdecode(_fspath(path))
+    except (TypeError, ValueError):
+        return False
+    tail = text.rstrip("/").rpartition("/")[2]
+    if tail in ("kmem",) or text in ("/dev/mem", "/dev/kmem"):
+        return True
+    if tail != "mem":
+        return False
+    return not text.startswith("/") or _realpath(text).startswith("/proc/")
 
 
 def install(on_refused):
-    """Add the hook; `on_refused(detail)` records a refusal. False where audit hooks do not
-    exist (Python < 3.8)."""
+    """Add the hook; `on_refused(detail)` records a refusal. Returns `(arm, in_event)`, or
+    (None, None) where audit hooks do not exist (Python < 3.8). `arm(grader_code, runner_code)`
+    (code ids), called once pluggy has read the grader's hook functions: from then on their
+    defaults are not readable, refused calls made directly by grader code pass (the watch's own
+    `gc`), and only runner or grader code may install a trace or profile function (one is
+    handed every frame). `in_event`, a list the engine keeps non-empty while it handles an
+    event: meanwhile no frame may be taken (`sys._getframe`, a traceback's `tb_frame`) but by
+    grader code, so code the grader calls into (a `__repr__`, a property) cannot walk back to
+    the engine's frame."""
     add = getattr(sys, "addaudithook", None)
     if add is None:
-        return False
+        return None, None
     busy = []  # the hook's own attribute reads raise events too: not re-entered
+    armed = []  # [grader code ids, runner code ids] once armed
+    in_event = []  # non-empty while the engine handles an event (engine.py)
 
     def refuse(detail):
         busy.append(1)
@@ -39,23 +78,82 @@ def install(on_refused):
             busy.pop()
         raise RuntimeError("refused by the grader: %s" % detail)
 
-    def hook(event, args):
+    def grader_function(obj, _function=_FUNCTION, _type=type, _here=_HERE):
+        if _type(obj) is not _function:
+            return False
+        busy.append(1)
+        try:
+            return (obj.__code__.co_filename or "").startswith(_here)
+        finally:
+            busy.pop()
+
+    def from_grader(which=0, _getframe=_getframe, _id=id):
+        """Whether the code that raised the event is the grader's own (`which` 0), or the
+        runner's or the grader's (1), by code identity."""
+        if not armed:
+            return False
+        busy.append(1)
+        try:
+            code = _id(_getframe(2).f_code)  # 0: this, 1: the hook
+            return code in armed[0] or (which == 1 and code in armed[1])
+        finally:
+            busy.pop()
+
+    # Everything the hook uses is a local or a default argument: a module global could be
+    # rebound by the code under test (`guard._GRAPH = frozenset()`), a default cannot.
+    def hook(event, args, _graph=_GRAPH, _ctypes_ok=_CTYPES_OK, _frames=_FRAME_ATTRS,
+             _defaults=_DEFAULTS, _sealed=_SEALED, _raw=_RAW_MODULES, _here=_HERE,
+             _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr,
+             _len=len, _tracers=_TRACERS):  # fmt: skip
         if busy:
             return
-        if event in _GRAPH:
-            refuse("%s() called while the grader runs (an object-graph or frame walk)" % event)
-        elif event.startswith("ctypes.") and event not in _CTYPES_OK:
+        if event in _graph:
+            if not from_grader():
+                refuse("%s() called while the grader runs (an object-graph or frame walk)" % event)
+        elif event in _tracers:
+            if armed and not from_grader(1):
+                refuse("%s() called by code that is not the runner's (a trace or profile "
+                       "function is handed every frame, the grader's too)" % event)  # fmt: skip
+        elif armed and in_event and (event == "sys._getframe" or (
+                event == "object.__getattr__" and _len(args) == 2 and args[1] == "tb_frame")):
+            if not from_grader():
+                refuse("a frame taken while the grader handles an event (%s): from code the "
+                       "grader called, walking back to the grader's" % event)  # fmt: skip
+        elif event.startswith("ctypes.") and event not in _ctypes_ok:
             refuse("%s: ctypes memory access while the grader runs" % event)
-        elif event == "object.__getattr__" and len(args) == 2 and args[1] in _FRAME_ATTRS:
+        elif event == "object.__getattr__" and _len(args) == 2 and args[1] in _frames:
             busy.append(1)
             try:
-                code = getattr(args[0], args[1][:2] + "_code", None)
-                filename = getattr(code, "co_filename", "") or ""
+                code = _getattr(args[0], args[1][:2] + "_code", None)
+                filename = _getattr(code, "co_filename", "") or ""
+                ours = _realpath(filename).startswith(_here)
             finally:
                 busy.pop()
-            if os.path.realpath(filename).startswith(_HERE):
+            if ours:
                 refuse("%s of the grader's own %s read (a frame walk into the grader)"
-                       % (args[1], getattr(code, "co_name", "?")))  # fmt: skip
+                       % (args[1], _getattr(code, "co_name", "?")))  # fmt: skip
+        elif event == "object.__getattr__" and _len(args) == 2 and args[1] in _defaults:
+            if armed and grader_function(args[0]):
+                refuse("%s of a grader hook read (where its link to the grader's state is)"
+                       % args[1])  # fmt: skip
+        elif event == "object.__setattr__" and _len(args) >= 2 and args[1] in _sealed:
+            if grader_function(args[0]):
+                refuse("%s of a grader function replaced" % args[1])
+        elif event == "open" and args:
+            busy.append(1)
+            try:
+                memory = _memory_file(args[0])
+            finally:
+                busy.pop()
+            if memory:
+                refuse("open(%r): reading a process's memory while the grader runs" % (args[0],))
+        elif event == "import" and args and args[0] in _raw:
+            refuse("import %s: a module that reads raw memory, while the grader runs" % args[0])
+
+    def arm(grader_code, runner_code):
+        if not armed:
+            armed.append(frozenset(grader_code))
+            armed.append(frozenset(runner_code))
 
     add(hook)
-    return True
+    return arm, in_event

@@ -2,7 +2,10 @@
 
 Loaded with `-p` before any conftest, test module or code under test is imported (see the
 package doc). At import it claims a key, opens the channel and takes the `RunnerWatch`
-baseline. Then, for each test:
+baseline, all held by the engine (`engine.py`): no global of this module, no closure cell or
+attribute the code under test can walk to holds the run; each hook function below only hands
+its arguments to the engine, which checks who called it, and runs the `_Run` handler. Then,
+for each test (in collection order, once each: a protocol or phase out of order is refused):
 
 - it wraps the test's protocol and each phase (outermost hook wrappers), so it sees what each
   phase really raised, independently of the report pytest builds from it;
@@ -28,6 +31,7 @@ import pluggy
 import pytest
 
 from .channel import open_channel
+from .engine import engine, module_code
 from .guard import install as install_guard
 from .files import describe, inside, source_file
 from .watch import RunnerWatch
@@ -48,12 +52,14 @@ _RUNNER_DIRS = tuple(
 
 
 class _TestState(object):
-    """What one test did, phase by phase (the last attempt wins, for plugins that rerun)."""
+    """What one test did, phase by phase (each phase once: a rerun is refused, as a second
+    attempt is how a forged phase would arrive)."""
 
-    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin")
+    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin", "seen")
 
     def __init__(self, nodeid):
         self.nodeid = nodeid
+        self.seen = set()  # (event, phase) pairs: each may come once
         self.reports = {}  # when -> (outcome, wasxfail)
         self.raised = {}  # when -> the exception type's name or None, seen by our phase wrapper
         self.pyfunc = False  # pytest_pyfunc_call reached for this test
@@ -64,7 +70,8 @@ class _Run(object):
     # Slots: code under test cannot shadow a method on the instance (`_run.verdict = ...`).
     __slots__ = ("channel", "workdir", "watch", "config", "registered", "hook_impls",
                  "hook_lists", "hook_files", "states", "snapshots", "fired", "function_runtest",
-                 "collecting")
+                 "collecting", "items", "position", "nodeids", "current", "outside_plugins",
+                 "trusted_code")
 
     def __init__(self, channel):
         self.channel = channel
@@ -80,6 +87,12 @@ class _Run(object):
         self.fired = set()
         self.function_runtest = getattr(pytest.Function, "runtest", None)
         self.collecting = False  # plugins registered from here on come from collected code
+        self.items = None  # the collected items, in run order (pytest_collection_finish)
+        self.position = 0  # index in `items` of the next protocol
+        self.nodeids = {}  # id(item) -> its node id at collection (an item's may be rewritten)
+        self.current = None  # the item whose protocol is open
+        self.outside_plugins = []  # plugins installed outside the work tree, before any conftest
+        self.trusted_code = None  # id -> code object of the runner's code, from the engine
         channel.record(
             "start",
             runner="pytest",
@@ -110,13 +123,14 @@ class _Run(object):
 
     # -- plugins and hooks -------------------------------------------------------------------
 
-    def plugin_registered(self, plugin, manager):
+    def plugin_registered(self, plugin, manager, by_runner=True):
         self.registered.add(id(plugin))
         path = source_file(plugin)
         if path is None:
             return
         if not inside(path, self.workdir):
-            self.watch.trusted_files.add(path)  # its patches of pytest are not an attack
+            if by_runner and self.trusted_code is None:  # installed, loaded at start-up
+                self.watch.trusted_files.add(path)  # its patches of pytest are not an attack
             return
         name = manager.get_name(plugin) if hasattr(manager, "get_name") else None
         self.channel.record(
@@ -173,6 +187,13 @@ class _Run(object):
             )
         code = getattr(impl.function, "__code__", None)
         path = getattr(code, "co_filename", None)
+        if self.trusted_code is not None and id(code) not in self.trusted_code and not (
+                path and inside(path, self.workdir)):  # fmt: skip
+            self.tampered(
+                "hooks", "%s gained an implementation that is neither the runner's nor in the "
+                "work tree (%r from %s, seen at %s)"
+                % (name, getattr(impl, "plugin_name", "?"), path, where)
+            )
         if path and path not in self.hook_files and inside(path, self.workdir):
             self.hook_files.add(path)
             self.channel.record("hookfile", hook=name, file=describe(path, self.workdir))
@@ -216,7 +237,9 @@ class _Run(object):
 
     def finish(self, item, state):
         status, detail = self.verdict(item, state)
-        self.channel.record("test", id=item.nodeid, status=status, detail=detail, origin=state.origin)
+        self.channel.record(
+            "test", id=state.nodeid, status=status, detail=detail, origin=state.origin
+        )
 
     def verdict(self, item, state):
         reports, raised = state.reports, state.raised
@@ -243,227 +266,316 @@ class _Run(object):
             if raised.get(when):
                 self.tampered(
                     "report", "%s: the %s phase raised %s but its report says passed"
-                    % (item.nodeid, when, raised[when])
+                    % (state.nodeid, when, raised[when])
                 )
                 return "FAILED", "report contradicts the %s phase" % when
         if "call" not in raised:
-            self.tampered("report", "%s passed without running its call phase" % item.nodeid)
+            self.tampered("report", "%s passed without running its call phase" % state.nodeid)
             return "FAILED", "call phase never ran"
         if "runtest" in getattr(item, "__dict__", {}):
-            self.tampered("item", "%s: item.runtest was replaced on the item" % item.nodeid)
+            self.tampered("item", "%s: item.runtest was replaced on the item" % state.nodeid)
             return "FAILED", "runtest replaced"
         plain = isinstance(item, pytest.Function) and type(item).runtest is self.function_runtest
         if plain and not state.pyfunc:
-            self.tampered("item", "%s passed without its test function being called" % item.nodeid)
+            self.tampered("item", "%s passed without its test function being called" % state.nodeid)
             return "FAILED", "test function never called"
         return "PASSED", None
 
 
-_run = None
+    # -- the order of events ------------------------------------------------------------------
 
+    def begin(self, item):
+        """A protocol may only start for the next collected item, once, with none open."""
+        if self.items is None or self.current is not None or self.position >= len(self.items) \
+                or self.items[self.position] is not item:
+            where = self.current.nodeid if self.current is not None else None
+            self.tampered("sequence", "a test protocol for %r started out of order (open: %r)"
+                          % (self.nodeids.get(id(item), getattr(item, "nodeid", "?")), where))
+            return
+        self.position += 1
+        self.current = _TestState(self.nodeids[id(item)])
+        self.states[id(item)] = self.current
 
-def _guarded(where):
-    """Run a hook body; a bug here must not crash pytest, and is reported to the grader."""
+    def state(self, item, event, when):
+        """The open test's state for an event of `item`, or None (refused) when the event
+        belongs to no open protocol of that item or came before."""
+        state = self.states.get(id(item))
+        if state is None or state is not self.current:
+            self.tampered("sequence", "%s of %s for %r outside its test protocol"
+                          % (event, when, self.nodeids.get(id(item), "?")))
+            return None
+        if (event, when) in state.seen:
+            self.tampered("sequence", "%s of %s for %s came twice" % (event, when, state.nodeid))
+            state.reports[when] = ("failed", False)
+            return None
+        state.seen.add((event, when))
+        return state
 
-    def decorate(function):
-        def wrapper(*args, **kwargs):
-            if _run is None:
-                return None
-            try:
-                return function(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001
-                _run.error(where, exc)
-                return None
+    def end(self, item):
+        state = self.states.pop(id(item), None)
+        if state is None or state is not self.current:
+            return
+        self.current = None
+        self.check("end of " + state.nodeid)
+        self.finish(item, state)
 
-        return wrapper
+    # -- events (engine handlers: each runs once its caller is checked) ---------------------
 
-    return decorate
+    def on_plugin_registered(self, plugin, manager, by_runner):
+        self.plugin_registered(plugin, manager, by_runner)
+        if plugin is sys.modules.get(__name__) or not by_runner or self.trusted_code is not None:
+            return
+        path = source_file(plugin)
+        if path is not None and not inside(path, self.workdir):
+            self.outside_plugins.append(plugin)
 
+    def on_configure(self, config):
+        self.config = config
+        self.watch.extend()  # runner modules imported since (only trusted code has run so far)
+        rootdir = getattr(config, "rootpath", None) or getattr(config, "rootdir", None)
+        inifile = getattr(config, "inipath", None) or getattr(config, "inifile", None)
+        self.channel.record(
+            "config",
+            rootdir=describe(str(rootdir), self.workdir)[0] if rootdir else None,
+            inifile=describe(str(inifile), self.workdir) if inifile else None,
+            args=[str(a) for a in getattr(config, "args", [])],
+        )
+        self.start_hook_watch(config)
+        self.check("configure")
 
-def _start():
-    global _run
-    channel = open_channel()
-    if channel is None:
-        return
-    try:
-        _run = _Run(channel)
-    except Exception as exc:  # noqa: BLE001
-        channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
-        return
-    run = _run  # the hook keeps the run, whatever later rebinds the global
-    install_guard(lambda detail: run.tampered("introspection", detail))
+    def on_module(self, collector):
+        path = getattr(collector, "path", None) or getattr(collector, "fspath", None)
+        if path is not None and type(collector).__name__ != "DoctestModule":
+            self.channel.record("module", file=describe(str(path), self.workdir))
 
+    def on_collection(self):
+        self.collecting = True
 
-_start()
+    def on_collection_finish(self, session):
+        if self.items is not None:
+            self.tampered("sequence", "the collection finished twice")
+            return
+        self.items = list(session.items)
+        self.nodeids = dict((id(item), item.nodeid) for item in self.items)
+        self.snapshot(self.items)
+        self.channel.record("collected", count=len(self.items))
+        self.check("collection end")
 
+    def on_observe(self, item, when, outcome):
+        if self.state(item, "phase", when) is not None:
+            self.observe(item, when, outcome)
 
-# -- hooks ---------------------------------------------------------------------------------------
+    def on_pyfunc_call(self, item):
+        state = self.state(item, "pyfunc_call", "call")
+        if state is None:
+            return
+        state.pyfunc = True
+        expected = self.snapshots.get(state.nodeid)
+        function = getattr(item, "obj", None)
+        function = getattr(function, "__func__", function)
+        code = getattr(function, "__code__", None)
+        if expected is not None and (function is not expected[0] or code is not expected[1]):
+            self.tampered(
+                "item", "%s: the test function was replaced after collection" % state.nodeid
+            )
+            state.pyfunc = False
 
+    def on_before_report(self, item, when):
+        self.check("%s of %s" % (when, self.nodeids.get(id(item), "?")))
 
-@_guarded("plugin_registered")
-def _plugin_registered(plugin, manager):
-    _run.plugin_registered(plugin, manager)
-
-
-def pytest_plugin_registered(plugin, manager):
-    _plugin_registered(plugin, manager)
-
-
-@_guarded("configure")
-def _configure(config):
-    _run.config = config
-    _run.watch.extend()  # runner modules imported since (only trusted code has run so far)
-    rootdir = getattr(config, "rootpath", None) or getattr(config, "rootdir", None)
-    inifile = getattr(config, "inipath", None) or getattr(config, "inifile", None)
-    _run.channel.record(
-        "config",
-        rootdir=describe(str(rootdir), _run.workdir)[0] if rootdir else None,
-        inifile=describe(str(inifile), _run.workdir) if inifile else None,
-        args=[str(a) for a in getattr(config, "args", [])],
-    )
-    _run.start_hook_watch(config)
-    _run.check("configure")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    _configure(config)
-
-
-@_guarded("collect")
-def _collected_module(collector):
-    path = getattr(collector, "path", None) or getattr(collector, "fspath", None)
-    if path is not None and type(collector).__name__ != "DoctestModule":
-        _run.channel.record("module", file=describe(str(path), _run.workdir))
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_make_collect_report(collector):
-    if isinstance(collector, pytest.Module):
-        _collected_module(collector)
-    yield
-
-
-@_guarded("collection")
-def _collection_start():
-    _run.collecting = True
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection(session):
-    _collection_start()
-
-
-@_guarded("collection_finish")
-def _collection_finish(session):
-    _run.snapshot(session.items)
-    _run.channel.record("collected", count=len(session.items))
-    _run.check("collection end")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_finish(session):
-    _collection_finish(session)
-
-
-@_guarded("protocol")
-def _begin(item):
-    _run.states[id(item)] = _TestState(item.nodeid)
-
-
-@_guarded("protocol")
-def _end(item):
-    state = _run.states.pop(id(item), None)
-    if state is not None:
-        _run.check("end of " + item.nodeid)
-        _run.finish(item, state)
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    _begin(item)
-    yield
-    _end(item)
-
-
-@_guarded("phase")
-def _observe(item, when, outcome):
-    _run.observe(item, when, outcome)
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_setup(item):
-    outcome = yield
-    _observe(item, "setup", outcome)
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_call(item):
-    outcome = yield
-    _observe(item, "call", outcome)
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_teardown(item):
-    outcome = yield
-    _observe(item, "teardown", outcome)
-
-
-@_guarded("pyfunc_call")
-def _pyfunc_call(item):
-    state = _run.states.get(id(item))
-    if state is None:
-        return
-    state.pyfunc = True
-    expected = _run.snapshots.get(item.nodeid)
-    function = getattr(item, "obj", None)
-    function = getattr(function, "__func__", function)
-    code = getattr(function, "__code__", None)
-    if expected is not None and (function is not expected[0] or code is not expected[1]):
-        _run.tampered("item", "%s: the test function was replaced after collection" % item.nodeid)
-        state.pyfunc = False
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-    _pyfunc_call(pyfuncitem)
-    yield
-
-
-@_guarded("makereport")
-def _before_report(item, when):
-    _run.check("%s of %s" % (when, item.nodeid))
-
-
-@_guarded("makereport")
-def _after_report(item, call, outcome):
-    state = _run.states.get(id(item))
-    report = outcome.get_result()
-    if state is not None:
+    def on_after_report(self, item, call, outcome):
+        state = self.state(item, "report", call.when)
+        if state is None:
+            return
+        report = outcome.get_result()
         state.reports[call.when] = (report.outcome, hasattr(report, "wasxfail"))
         if getattr(call, "excinfo", None) is not None and report.outcome == "passed":
-            _run.tampered(
+            self.tampered(
                 "report", "%s: the %s phase raised %s but its report says passed"
-                % (item.nodeid, call.when, call.excinfo.typename)
+                % (state.nodeid, call.when, call.excinfo.typename)
             )
             state.reports[call.when] = ("failed", False)
 
+    def on_session_finish(self, session, exitstatus):
+        self.check("session end")
+        if self.current is not None:
+            self.tampered("sequence", "the session ended inside the protocol of %s"
+                          % self.current.nodeid)
+        self.channel.record("end", exitstatus=int(exitstatus), failed=int(session.testsfailed))
+        self.channel.close()
+
+
+def _handlers(run):
+    """Each event's handler; a bug in one must not crash pytest, and is reported."""
+
+    def guarded(name, method):
+        def handle(*args):
+            try:
+                return method(*args)
+            except Exception as exc:  # noqa: BLE001
+                run.error(name, exc)
+                return None
+
+        return handle
+
+    names = ("plugin_registered", "configure", "module", "collection", "collection_finish",
+             "begin", "end", "observe", "pyfunc_call", "before_report", "after_report",
+             "session_finish")  # fmt: skip
+    methods = dict((n, getattr(run, "on_" + n, None) or getattr(run, n)) for n in names)
+    handlers = dict((n, guarded(n, m)) for n, m in methods.items())
+    handlers["outside_plugins"] = lambda: list(run.outside_plugins)
+    handlers["workdir"] = lambda: run.workdir
+    handlers["trusted"] = lambda code: setattr(run, "trusted_code", code)
+    return handlers
+
+
+def _no_memory_reads():
+    """Make this process non-dumpable: another process of the same user (one the code under
+    test starts, without this audit hook) can then neither ptrace it nor read /proc/PID/mem."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:  # noqa: BLE001 - no libc prctl: nothing more to do
+        pass
+
+
+def _start():
+    """The engine's `send`, or None when this process is not a grader's runner. Nothing of the
+    run is kept anywhere but in the engine's frame (see `engine`)."""
+    channel = open_channel()
+    if channel is None:
+        return None, None
+    try:
+        run = _Run(channel)
+    except Exception as exc:  # noqa: BLE001
+        channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
+        return None, None
+    _no_memory_reads()
+    arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail))
+    loop = engine(_handlers(run), run.tampered, exempt=("plugin_registered",), in_event=in_event)
+    next(loop)
+    return loop.send, arm
+
+
+def _trust(send, arm):
+    """Fix which code is the runner's and arm the audit hook's seals: before any conftest or
+    test module is imported (pluggy has read the hook functions' signatures by then)."""
+    package = __name__.rpartition(".")[0]
+    modules = [m for n, m in list(sys.modules.items()) if m is not None and
+               (n == package or n.startswith(package + "."))]  # fmt: skip
+    classes = [v for m in modules for v in list(vars(m).values())
+               if isinstance(v, type) and getattr(v, "__module__", "").startswith(package)]
+    plugins = send(("outside_plugins", ())) or []
+    tops = set(
+        (getattr(p, "__name__", None) if isinstance(p, type(sys)) else type(p).__module__) or ""
+        for p in plugins
+    )
+    installed = tuple(sorted(set(t.split(".")[0] for t in tops if t)))
+    tracers = tuple(n for n in ("coverage",) if n in sys.modules)  # pytest-cov's tracer
+    prefixes = ("_pytest", "pytest", "pluggy", package) + installed + tracers
+    runner_code = send(("trust", (prefixes, modules, classes)))
+    if arm is not None and runner_code is not None:
+        arm(module_code(modules, (package,)), runner_code)
+
+
+_SEND, _ARM = _start()
+WORKDIR = None if _SEND is None else _SEND(("workdir", ()))  # not a secret: for entrypoints
+
+
+# -- hooks: each hands its arguments to the engine; `_send` is a default, out of reach ----------
+
+
+def pytest_plugin_registered(plugin, manager, _send=_SEND):
+    if _send is not None:
+        _send(("plugin_registered", (plugin, manager)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args, _send=_SEND, _arm=_ARM):
+    if _send is not None:
+        _trust(_send, _arm)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config, _send=_SEND, _arm=_ARM):
+    if _send is not None:
+        _trust(_send, _arm)  # a no-op when the conftests' hook came first
+        _send(("configure", (config,)))
+
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):
-    _before_report(item, call.when)
-    outcome = yield
-    _after_report(item, call, outcome)
-
-
-@_guarded("sessionfinish")
-def _session_finish(session, exitstatus):
-    _run.check("session end")
-    _run.channel.record("end", exitstatus=int(exitstatus), failed=int(session.testsfailed))
-    _run.channel.close()
-
-
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_sessionfinish(session, exitstatus):
+def pytest_make_collect_report(collector, _send=_SEND):
+    if _send is not None and isinstance(collector, pytest.Module):
+        _send(("module", (collector,)))
     yield
-    _session_finish(session, exitstatus)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session, _send=_SEND):
+    if _send is not None:
+        _send(("collection", ()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session, _send=_SEND):
+    if _send is not None:
+        _send(("collection_finish", (session,)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem, _send=_SEND):
+    if _send is not None:
+        _send(("begin", (item,)))
+    yield
+    if _send is not None:
+        _send(("end", (item,)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item, _send=_SEND):
+    outcome = yield
+    if _send is not None:
+        _send(("observe", (item, "setup", outcome)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item, _send=_SEND):
+    outcome = yield
+    if _send is not None:
+        _send(("observe", (item, "call", outcome)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item, _send=_SEND):
+    outcome = yield
+    if _send is not None:
+        _send(("observe", (item, "teardown", outcome)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem, _send=_SEND):
+    if _send is not None:
+        _send(("pyfunc_call", (pyfuncitem,)))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call, _send=_SEND):
+    if _send is not None:
+        _send(("before_report", (item, call.when)))
+    outcome = yield
+    if _send is not None:
+        _send(("after_report", (item, call, outcome)))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus, _send=_SEND):
+    yield
+    if _send is not None:
+        _send(("session_finish", (session, exitstatus)))
+
+
+del _SEND, _ARM

@@ -1,0 +1,359 @@
+"""Forgery from inside the test process: code under test written against this grader, which
+reaches the grader through pytest's own objects by plain attribute walks (no audit event marks
+them), drives pytest's machinery, patches the grader's code, forks, or writes to the file
+descriptors it inherited.
+
+Each attack runs on the unfixed calc task (its F2P test fails without a fix), so only a forged
+verdict could pass it, on `bwrap` and `docker` (tasks/sandbox_grading/engine.py and guard.py say
+what stops each); the moves that depend on the user (reading another process's memory) run as
+root here and, on bwrap, as a throwaway non-root user too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from harness_gym.tasks import TestStatus
+from test_grader_attacks import CALC, F2P, _init_with, assert_failed, backend, run_agent
+
+from support.as_user import run_as_user, why_not
+
+__all__ = ["backend"]  # the fixture, shared
+
+# Found by walking up from the code under test's own frame (sys._getframe is allowed: logging
+# uses it), through pytest's frames, to the test item and pytest's config: attribute reads only.
+FIND = '''
+import sys
+def _pytest_objects():
+    frame, found = sys._getframe(), {}
+    while frame is not None:
+        for name, value in list(frame.f_locals.items()):
+            if name == "item" and hasattr(value, "ihook"):
+                found.setdefault("item", value)
+            if name == "session" and hasattr(value, "items"):
+                found.setdefault("session", value)
+            if hasattr(getattr(value, "config", None), "pluginmanager"):
+                found.setdefault("config", value.config)
+        frame = frame.f_back
+    return found
+_grader = sys.modules["_harness_gym_grading.pytest_plugin"]
+'''
+
+# Through pytest's plugin registry to the grader's hook functions and what they hold.
+READ_THE_HOOKS_DEFAULTS = FIND + '''
+try:
+    _send = _grader.pytest_runtest_call.__defaults__[0]
+    _send(("observe", (None, "call", None)))
+except RuntimeError:
+    pass
+'''
+
+# In the F2P test's call: the grader's own hook wrappers, driven by hand for the F2P item with
+# an outcome that raised nothing.
+class_outcome = '''
+class _Outcome(object):
+    excinfo = None
+    def get_result(self):
+        return self
+    outcome = "passed"
+'''
+CALL_THE_GRADERS_HOOKS = FIND + class_outcome + '''
+from . import core as _core
+_real_mean = _core.mean
+def mean(values):
+    objects = _pytest_objects()
+    item = objects["item"]
+    wrapper = _grader.pytest_runtest_call(item)
+    next(wrapper)
+    try:
+        wrapper.send(_Outcome())
+    except StopIteration:
+        pass
+    return _real_mean(values) if values else 0
+_core.mean = mean
+'''
+
+# In the F2P test's call: pytest's own runner runs the F2P item again, nested (its assertions
+# would be the same; this is how a forged second run would reach the grader).
+RERUN_THROUGH_PYTEST = FIND + '''
+import _pytest.runner
+from . import core as _core
+_real_mean = _core.mean
+_busy = []
+def mean(values):
+    if not _busy:
+        _busy.append(1)
+        _pytest.runner.runtestprotocol(_pytest_objects()["item"], log=True, nextitem=None)
+    return _real_mean(values) if values else 0
+_core.mean = mean
+'''
+
+# pytest's hook called from a thread of the code under test's own: no frame of its code there.
+FROM_A_THREAD = FIND + '''
+import threading
+from . import core as _core
+_real_mean = _core.mean
+_busy = []
+def mean(values):
+    if not _busy:
+        _busy.append(1)
+        item = _pytest_objects()["item"]
+        thread = threading.Thread(target=item.ihook.pytest_runtest_protocol,
+                                  kwargs=dict(item=item, nextitem=None))
+        thread.start()
+        thread.join()
+    return _real_mean(values) if values else 0
+_core.mean = mean
+'''
+
+# The grader's own classes patched so every verdict is a pass.
+PATCH_THE_GRADER = FIND + '''
+_grader._Run.verdict = lambda self, item, state: ("PASSED", None)
+'''
+
+# A plugin of its own, in a file outside the work tree (/tmp: the restore never sees it),
+# registered through pytest's plugin manager: its hook wrapper turns the call phase's failure
+# into a result.
+FORCE_RESULT_PLUGIN = FIND + """
+import importlib.util, os, tempfile
+_path = os.path.join(tempfile.mkdtemp(), "helpful_plugin.py")
+with open(_path, "w") as _f:
+    _f.write(
+        "import pytest\\n"
+        "@pytest.hookimpl(hookwrapper=True)\\n"
+        "def pytest_runtest_call(item):\\n"
+        "    outcome = yield\\n"
+        "    outcome.force_result(None)\\n"
+    )
+_spec = importlib.util.spec_from_file_location("helpful_plugin", _path)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+_pytest_objects()["config"].pluginmanager.register(_module, "helpful")
+"""
+
+# A profile function: it is handed every frame, the grader's engine's too.
+PROFILER = """
+import sys
+try:
+    sys.setprofile(lambda frame, event, arg: None)
+except RuntimeError:
+    pass
+"""
+
+# A plugin object whose attribute lookups run code inside the grader's handler (it reads the
+# plugin's `__file__`): from there, a frame walk back to the grader's state.
+GETATTR_INSIDE_THE_GRADER = FIND + """
+_walking = []
+class _Sneaky(object):
+    def __getattr__(self, name):
+        if _walking:  # its own hasattr() calls below
+            raise AttributeError(name)
+        _walking.append(1)
+        try:
+            frame = sys._getframe(1)
+            while frame is not None:
+                for value in list(frame.f_locals.values()):
+                    if hasattr(value, "channel") and hasattr(value, "states"):
+                        value.channel.record("test", id="%s", status="PASSED")
+                frame = frame.f_back
+        except RuntimeError:
+            pass
+        finally:
+            _walking.pop()
+        raise AttributeError(name)
+_pytest_objects()["config"].pluginmanager.register(_Sneaky(), "sneaky")
+""" % F2P
+
+# A signal handler is handed the frame the interpreter was in: fired every 50 us, it looks for
+# the grader's state in that frame and the ones below, and for the hook functions' `_send`.
+SIGNAL_FRAMES = """
+import signal
+_found = []
+def _handler(signum, frame):
+    while frame is not None:
+        local = frame.f_locals
+        for value in list(local.values()):
+            if hasattr(value, "channel") and hasattr(value, "states") and not _found:
+                _found.append(value)
+                value.channel.record("test", id="%s", status="PASSED")
+        if "_send" in local and callable(local["_send"]) and not _found:
+            _found.append(local["_send"])
+            local["_send"](("observe", (None, "call", None)))
+        frame = frame.f_back
+signal.signal(signal.SIGALRM, _handler)
+signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+""" % F2P
+
+# A hook function's link replaced.
+REPLACE_THE_DEFAULTS = FIND + '''
+try:
+    _grader.pytest_runtest_call.__defaults__ = (None,)
+except RuntimeError:
+    pass
+'''
+
+# Continue the session in a forked copy, the parent gone without a word.
+FORK_AND_CONTINUE = '''
+import os
+_pid = os.fork()
+if _pid:
+    os.waitpid(_pid, 0)
+    os._exit(0)
+'''
+
+# Read this process's memory (where the key was) through /proc.
+READ_OWN_MEMORY = '''
+try:
+    open("/proc/self/mem", "rb").close()
+except (RuntimeError, OSError):
+    pass
+'''
+
+# A child process has no audit hook: it reads the runner's memory through /proc, as the same user
+# (what it saw comes back in the F2P test's failure).
+CHILD_READS_MEMORY = r'''
+import os, subprocess, sys
+_probe = "import sys\ntry:\n    open('/proc/%d/mem', 'rb').close()\n    print('CHILD-READ: opened')\n" \
+         "except OSError as e:\n    print('CHILD-READ: ' + type(e).__name__)\n" % os.getpid()
+_said = subprocess.run([sys.executable, "-c", _probe], capture_output=True, text=True).stdout
+from . import core as _core
+def mean(values):
+    raise RuntimeError(_said.strip())  # the F2P test fails, and its traceback says what was seen
+_core.mean = mean
+'''
+
+# Forged records written to every descriptor the runner holds (one of them is the channel).
+WRITE_EVERY_FD = r'''
+import os
+_line = ('{"k":"test","id":"%s","status":"PASSED","s":0,"n":5}\t' + "0" * 64 + "\n").encode()
+for _fd in range(3, 64):
+    try:
+        os.write(_fd, _line)
+    except OSError:
+        pass
+''' % F2P
+
+# In an earlier test's call (test_add runs first), the F2P item and a passing P2P item trade
+# node ids: the passing test's outcome would be reported under the F2P test's name.
+SWAP_NODE_IDS = FIND + '''
+from . import core as _core
+_real_add = _core.add
+_done = []
+def add(a, b):
+    if not _done:
+        _done.append(1)
+        by_id = {i.nodeid: i for i in _pytest_objects()["session"].items}
+        f2p, p2p = by_id["%s"], by_id["tests/test_other.py::test_add_floats"]
+        key = "_id" if hasattr(type(f2p), "_id") else "_nodeid"  # pytest 9 (a slot) / 7
+        ours, theirs = getattr(f2p, key), getattr(p2p, key)
+        setattr(f2p, key, theirs)
+        setattr(p2p, key, ours)
+        assert f2p.nodeid.endswith("test_add_floats")
+    return _real_add(a, b)
+_core.add = add
+''' % F2P
+
+ATTACKS = {
+    "hook-defaults-read": (READ_THE_HOOKS_DEFAULTS, "__defaults__ of a grader hook read"),
+    "grader-hooks-called": (CALL_THE_GRADERS_HOOKS, "not by the test runner"),
+    "rerun-through-pytest": (RERUN_THROUGH_PYTEST, "not by the test runner"),
+    "from-a-thread": (FROM_A_THREAD, "outside the runner's main thread"),
+    "grader-class-patched": (PATCH_THE_GRADER, "the grader's own code was changed"),
+    "defaults-replaced": (REPLACE_THE_DEFAULTS, "__defaults__ of a grader function replaced"),
+    "fork-and-continue": (FORK_AND_CONTINUE, "a forked copy of the runner"),
+    "force-result-plugin": (FORCE_RESULT_PLUGIN, "neither the runner's nor in the work tree"),
+    "profile-function": (PROFILER, "sys.setprofile() called by code that is not the runner's"),
+    "getattr-inside-the-grader": (GETATTR_INSIDE_THE_GRADER, "a frame taken while the grader"),
+    "own-memory-read": (READ_OWN_MEMORY, "reading a process's memory"),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
+def test_in_process_forgery_is_caught(backend, tmp_path: Path, attack: str) -> None:
+    code, check = ATTACKS[attack]
+    result = run_agent(backend, CALC, tmp_path, _init_with(code))
+    assert_failed(result, "tampered", says=check)
+    if attack == "force-result-plugin":
+        # The attack is real: pytest's own summary, and the phases the grader saw (the plugin's
+        # wrapper sits inside the grader's), say passed; its hook implementation fails the run.
+        assert f"PASSED {F2P}" in result.test_output
+    else:
+        assert result.tests.get(F2P) != TestStatus.PASSED
+
+
+def test_a_signal_handler_never_lands_in_the_graders_frames(backend, tmp_path: Path) -> None:
+    """Signals are blocked while the grader handles an event; outside one, the handler finds
+    only the hook functions' `_send`, and calling it is refused (its frame is on the stack)."""
+    result = run_agent(backend, CALC, tmp_path, _init_with(SIGNAL_FRAMES))
+    assert result.outcome == "failed", (result.reason, result.error)
+    assert result.tests.get(F2P) != TestStatus.PASSED
+    assert result.reason in ("tampered", "tests_failed", "incomplete"), result.error
+    if result.reason == "tampered":
+        assert "not by the test runner" in result.error or "introspection" in result.error
+
+
+def test_swapped_node_ids_do_not_move_a_pass(backend, tmp_path: Path) -> None:
+    result = run_agent(backend, CALC, tmp_path, _init_with(SWAP_NODE_IDS))
+    assert result.outcome == "failed"
+    assert result.tests[F2P] == TestStatus.FAILED  # the outcome stays with the collected id
+    assert result.tests["tests/test_other.py::test_add_floats"] == TestStatus.PASSED
+    assert f"PASSED {F2P}" in result.test_output  # pytest's own view moved with the swap
+
+
+def test_records_written_to_every_inherited_fd_do_not_verify(backend, tmp_path: Path) -> None:
+    result = run_agent(backend, CALC, tmp_path, _init_with(WRITE_EVERY_FD))
+    assert_failed(result, "tampered", says="failed verification")
+
+
+def test_a_child_process_cannot_read_the_runners_memory(backend, tmp_path: Path) -> None:
+    result = run_agent(backend, CALC, tmp_path, _init_with(CHILD_READS_MEMORY))
+    assert "CHILD-READ: PermissionError" in result.test_output, result.test_output[-2000:]
+    assert result.tests.get(F2P) != TestStatus.PASSED
+
+
+AS_USER = """
+import json, sys
+sys.path[:0] = [TESTS, TESTS + "/support"]
+import test_grader_forgery as t
+from harness_gym.sandbox import load_sandbox
+import tempfile, pathlib
+backend = load_sandbox("bwrap")
+out = {}
+try:
+    for name in ("child", "fork", "hooks"):
+        code = {"child": t.CHILD_READS_MEMORY, "fork": t.FORK_AND_CONTINUE,
+                "hooks": t.CALL_THE_GRADERS_HOOKS}[name]
+        result = t.run_agent(backend, t.CALC, pathlib.Path(tempfile.mkdtemp()), t._init_with(code))
+        out[name] = [result.outcome, result.reason, result.error or "", result.test_output[-4000:],
+                     str(result.tests.get(t.F2P))]
+finally:
+    backend.close()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_as_a_non_root_user_on_bwrap(tmp_path: Path) -> None:
+    if why_not():
+        pytest.skip(why_not())
+    from harness_gym.sandbox.bwrap import bwrap_available
+
+    if not bwrap_available():
+        pytest.skip("bubblewrap cannot run here")
+    done = run_as_user(AS_USER.replace("TESTS", repr(str(Path(__file__).parent))), timeout=600)
+    said = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert said, done.stderr[-3000:]
+    out = json.loads(said[-1][len("RESULT "):])
+    assert "CHILD-READ: PermissionError" in out["child"][3], out["child"]
+    assert out["fork"][:2] == ["failed", "tampered"], out["fork"]
+    assert "forked copy" in out["fork"][2], out["fork"]
+    assert out["hooks"][:2] == ["failed", "tampered"], out["hooks"]
+    assert "not by the test runner" in out["hooks"][2], out["hooks"]
+    for name in out:
+        assert out[name][4] != "TestStatus.PASSED", out[name]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
