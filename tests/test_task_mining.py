@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from harness_gym.sandbox import default_sandbox, load_sandbox
 from harness_gym.tasks import TaskError, load_tasks
 from harness_gym.tasks.mine import make_tasks
 from harness_gym.tasks.mine.candidate import changed_lines
@@ -178,7 +179,7 @@ def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
     for bad in ("../../etc", "/", "mine-env-x/../../.."):
         hostile = replace(task, install_config={**task.install_config, "python_env": bad})
         with pytest.raises(TaskError, match="python_env"):
-            env_mounts(hostile)
+            env_mounts(hostile, load_sandbox(default_sandbox()))
 
 
 def test_git_history_keeps_the_fix_with_its_new_test_and_rejects_the_rest(history, tmp_path,

@@ -107,7 +107,7 @@ def _pypi_source(pin: str, backend: SandboxBackend, seed: int, timeout_s: float)
     entries = list((unpacked / "unpacked").iterdir())
     root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked / "unpacked"
     project = scan_project(root, name)
-    env = python_env(f"{name}-{version}", test_requirements(root))
+    env = python_env(f"{name}-{version}", test_requirements(root), backend)
     runner = _runner(project, backend, env, timeout_s)
     baseline = runner.run(project.root)
     if not baseline.passed():
@@ -120,10 +120,12 @@ def _pypi_source(pin: str, backend: SandboxBackend, seed: int, timeout_s: float)
 def _git_source(path: Path, since: str | None, backend: SandboxBackend, scratch: Path,
                 timeout_s: float) -> HistorySource:  # fmt: skip
     label = re.sub(r"[^A-Za-z0-9._-]+", "-", path.resolve().name) or "repo"
-    env = python_env(label, test_requirements(path))
     runners: dict[str, SuiteRunner] = {}
 
     def runner_for(project: Project) -> SuiteRunner:
+        # Built on the first commit that needs a run: a path that is no repository, or a
+        # history with no candidate, builds nothing.
+        env = python_env(label, test_requirements(path), backend)
         runner = _runner(project, backend, env, timeout_s)
         return runners.setdefault(runner.test_cmd, runner)
 
