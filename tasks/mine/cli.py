@@ -10,7 +10,8 @@ def add_make_action(
     actions: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]
 ) -> None:
     make = actions.add_parser(
-        "make", parents=parents, help="mine validated tasks from a PyPI package (bug injection) or a git history")
+        "make", parents=parents,
+        help="mine validated tasks from a PyPI package (bug injection) or a git history")
     source = make.add_mutually_exclusive_group(required=True)
     source.add_argument("--pypi", metavar="NAME==VERSION",
                         help="inject bugs into this sdist's functions; keep those its tests see")

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..loader import GIT_ISOLATION
 from ..test_scope import is_test_file
-from .candidate import Candidate, changed_lines, difficulty, symptom_statement
-from .project import ProjectError, scan_project
+from .candidate import Candidate, difficulty, leak_fragments, scrub, symptom_statement
+from .project import ProjectError, is_library_path, scan_project
 from .runs import SuiteRunner, failure_excerpt
 
 __all__ = ["Commit", "GitError", "HistorySource", "git"]
@@ -82,7 +82,8 @@ class HistorySource:
             names = git(self.path, "diff", "--name-only", "--no-renames", parents[0], sha)
             changed = [p for p in names.split("\n") if p]
             tests = [p for p in changed if is_test_path(p)]
-            sources = [p for p in changed if p.endswith(".py") and not is_test_path(p)]
+            # setup.py or docs/conf.py is no code to learn from (nor a split unit)
+            sources = [p for p in changed if is_library_path(p) and not is_test_path(p)]
             if not tests or not sources:
                 self.rejected_upfront.append("no_tests" if not tests else "no_source")
                 continue
@@ -130,9 +131,11 @@ class HistorySource:
                     *[f":(exclude){p}" for p in commit.tests])  # fmt: skip
         test_patch = git(self.path, "diff", "--no-color", "--no-ext-diff", "--full-index",
                          "--binary", commit.parent, commit.sha, "--", *commit.tests)  # fmt: skip
-        hide = tuple(line for line in changed_lines(patch) if len(line) >= 4)
+        hide = tuple(leak_fragments(patch))
         excerpt = failure_excerpt(before_run.output, fixed[0], hide=hide)
-        statement = symptom_statement(commit.message, fixed, excerpt, len(kept), fixed[0])
+        # The authors' message may quote the fix ("use `<=` in ..."): those lines go.
+        statement = symptom_statement(scrub(commit.message, patch), fixed, excerpt, len(kept),
+                                      fixed[0])  # fmt: skip
         kind = "commit"
         meta = {"source": "history", "kind": kind, "commit": commit.sha,
                 "files": list(commit.sources), "functions": [],

@@ -61,7 +61,8 @@ class ImagePython:
         major, minor = self.version.split(".")[:2]
         abi = f"cp{major}{minor}"
         options = ["--only-binary=:all:", "--python-version", f"{major}.{minor}",
-                   "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]  # fmt: skip
+                   "--implementation", "cp"]
+        options += [arg for tag in (abi, "abi3", "none") for arg in ("--abi", tag)]
         # pip 23 does not widen manylinux_2_N to older N: list every glibc a wheel may target.
         platforms = [f"linux_{self.machine}"]
         if self.glibc:

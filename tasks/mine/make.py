@@ -24,17 +24,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...engines._cache import build_once
 from ...sandbox import default_sandbox, load_sandbox
 from ...sandbox.base import SandboxBackend
 from ..loader import load_tasks
 from ..validation import validate_task
-from .candidate import Candidate
+from .candidate import Candidate, leaks
 from .envs import python_env
 from .history import HistorySource
 from .inject import MutationSource
 from .project import Project, ProjectError, scan_project
-from .pypi import fetch_sdist, parse_pin, test_requirements
+from .pypi import cached_sdist, parse_pin, test_requirements
 from .runs import SuiteRunner
 from .split import heldout_units, split_of, write_split
 
@@ -102,10 +101,7 @@ def _runner(project: Project, backend: SandboxBackend, env: Path, timeout_s: flo
 
 def _pypi_source(pin: str, backend: SandboxBackend, seed: int, timeout_s: float) -> MutationSource:
     name, version = parse_pin(pin)
-    unpacked = build_once(f"mine-sdist-{name}-{version}",
-                          lambda d: fetch_sdist(pin, d / "unpacked"))  # fmt: skip
-    entries = list((unpacked / "unpacked").iterdir())
-    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked / "unpacked"
+    root = cached_sdist(pin)
     project = scan_project(root, name)
     env = python_env(f"{name}-{version}", test_requirements(root), backend)
     runner = _runner(project, backend, env, timeout_s)
@@ -169,6 +165,9 @@ def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: Sandbo
             if isinstance(result, str):
                 rejected[result] += 1
                 bar.set_postfix(tried=summary.tried)
+                continue
+            if leaks(result.problem_statement, result.patch):
+                rejected["leaky_statement"] += 1  # a test name quoting the fix, say
                 continue
             keys = _duplicate_keys(result.row())
             if any(key in seen for key in keys):
