@@ -206,9 +206,31 @@ def test_mined_pypi_tasks_are_valid_with_symptom_statements_and_a_split(pypi_tas
             assert not set(meta["units"]) & set(split["heldout_units"])
 
 
-def test_a_second_run_resumes_without_running_anything(pypi_tasks):
+def test_a_second_run_resumes_without_running_anything(pypi_tasks, capsys):
     summary = make_tasks(pypi=PACKAGE, n=2, out=pypi_tasks, progress=False)
     assert (summary.kept, summary.resumed, summary.tried) == (2, 2, 0)
+    # the command: a progress bar on stderr, the summary with rejections by reason on stdout
+    assert cli_main(["tasks", "make", "--pypi", PACKAGE, "--n", "2", "--out",
+                     str(pypi_tasks)]) == 0
+    said = capsys.readouterr()
+    assert f"mining {PACKAGE}" in said.err and "2/2" in said.err
+    assert "kept (2 already written); rejected: none; split:" in said.out
+
+
+def test_the_same_fix_made_twice_in_a_history_is_one_task(history, tmp_path):
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    fixed = (repo / "calc/core.py").read_text()
+    tests = (repo / "tests/test_calc.py").read_text()
+    broken = fixed.replace(" if values else 0", "")
+    without = tests.replace("\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0\n", "")
+    assert broken != fixed and without != tests
+    _commit(repo, "revert the empty mean", {"calc/core.py": broken, "tests/test_calc.py": without})
+    _commit(repo, "mean of nothing is 0 again",
+            {"calc/core.py": fixed, "tests/test_calc.py": tests})
+    out = tmp_path / "mined"
+    summary = make_tasks(git=repo, n=5, out=out, progress=False)
+    assert summary.kept == 1 and summary.rejected["duplicate"] == 1, summary
 
 
 def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):

@@ -24,6 +24,8 @@ def add_make_action(
     make.add_argument("--sandbox", default=None, help="backend the tasks will run on (default: "
                       "bwrap where it works)")
     make.add_argument("--test-timeout", type=float, default=300.0)
+    make.add_argument("--max-patch-lines", type=int, default=120,
+                      help="reject a task whose gold patch is longer (default 120 lines)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
     make.set_defaults(handler=_make)
 
@@ -34,7 +36,8 @@ def _make(args: argparse.Namespace) -> int:
     summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
                          git=Path(args.git) if args.git else None, since=args.since,
                          seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
-                         timeout_s=args.test_timeout)  # fmt: skip
+                         timeout_s=args.test_timeout,
+                         max_patch_lines=args.max_patch_lines)  # fmt: skip
     print(summary.describe())
     for task_id, problems in sorted(summary.problems.items()):
         print(f"  invalid {task_id}: {'; '.join(problems)[:300]}")

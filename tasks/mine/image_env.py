@@ -97,6 +97,7 @@ def _run(image: str, command: list[str], mounts: dict[str, str] | None = None) -
     """Run `command` in a fresh, network-less container of `image`; its output (raises on a
     non-zero exit)."""
     from ...sandbox._containers import owner_labels
+    from ...sandbox.docker import _docker
 
     client = _client()
     container = None
@@ -115,9 +116,14 @@ def _run(image: str, command: list[str], mounts: dict[str, str] | None = None) -
         if code != 0:
             raise ImageEnvError(f"{' '.join(command[:3])} failed in {image}: {output[-1500:]}")
         return output
+    except _docker().errors.DockerException as exc:
+        raise ImageEnvError(f"docker could not run {command[0]} in {image}: {exc}") from None
     finally:
         if container is not None:
-            container.remove(force=True)
+            try:
+                container.remove(force=True)
+            except _docker().errors.NotFound:
+                pass  # removed already (a reaper)
         client.close()
 
 
