@@ -69,7 +69,8 @@ def _mine(source: str, n: int, sandbox: str, scratch: Path) -> dict[str, object]
     levels = Counter(t.extra["mine"]["difficulty"]["level"] for t in load_tasks(out))
     started = time.monotonic()
     episodes = _episodes(out, sandbox)
-    return {"summary": {k: v for k, v in asdict(summary).items() if k not in ("out",)},
+    row = {**asdict(summary), "source": source}
+    return {"summary": {k: v for k, v in row.items() if k != "out"},
             "difficulty": dict(levels), "episodes_pi": episodes,
             "mine_wall_s": round(mined_s, 1),
             "episodes_wall_s": round(time.monotonic() - started, 1)}  # fmt: skip

@@ -56,10 +56,13 @@ def env_runtime(backend: SandboxBackend, image: str | None = None) -> dict[str, 
     """Whose interpreter `backend`'s sandboxes run a mined task's tests with: the host's, or
     that of `image` (default: the backend's) for a backend that runs images."""
     if backend.runs_images:
-        from .image_env import image_id
+        from .image_env import ImageEnvError, image_id
 
         name = image or str(getattr(backend, "image"))
-        return {"runtime": "image", "image": name, "image_id": image_id(name)}
+        try:
+            return {"runtime": "image", "image": name, "image_id": image_id(name)}
+        except ImageEnvError as error:
+            raise EnvBuildError(str(error)) from None
     if backend.name in HOST_BACKENDS:
         return {"runtime": "host"}
     raise EnvBuildError(

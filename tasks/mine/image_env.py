@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .envs import EnvBuildError
-
 __all__ = ["ImageEnvError", "ImagePython", "build_image_env", "image_id", "probe"]
 
 BUILD_TIMEOUT_S = 900
@@ -44,7 +42,7 @@ python3 -m venv "$env"
 """
 
 
-class ImageEnvError(EnvBuildError):
+class ImageEnvError(RuntimeError):
     """The image's env could not be built (no python3 in it, a wheel missing, pip failed)."""
 
 
