@@ -31,13 +31,21 @@ def add_make_action(
 
 
 def _make(args: argparse.Namespace) -> int:
-    from . import make_tasks
+    import sys
 
-    summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
-                         git=Path(args.git) if args.git else None, since=args.since,
-                         seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
-                         timeout_s=args.test_timeout,
-                         max_patch_lines=args.max_patch_lines)  # fmt: skip
+    from . import make_tasks
+    from .envs import EnvBuildError
+    from .image_env import ImageEnvError
+
+    try:
+        summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
+                             git=Path(args.git) if args.git else None, since=args.since,
+                             seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
+                             timeout_s=args.test_timeout,
+                             max_patch_lines=args.max_patch_lines)  # fmt: skip
+    except (EnvBuildError, ImageEnvError) as error:  # the registry or the image, not a bug
+        print(f"harness-gym: error: {error}", file=sys.stderr)
+        return 2
     print(summary.describe())
     for task_id, problems in sorted(summary.problems.items()):
         print(f"  invalid {task_id}: {'; '.join(problems)[:300]}")
