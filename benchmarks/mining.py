@@ -8,7 +8,7 @@ each package's own releases (`release_history`, one commit per release) and mine
 task runs as an episode `gym.make("HarnessSWE-v0", tasks=DIR, engine=E, harness="pi")` for E in
 `oracle` and `oracle:noop`. Sdists, envs and suite runs are cached (`$HARNESS_GYM_CACHE`), so a
 second run only validates and plays the episodes again. Writes
-benchmarks/results/mining_<sandbox>.json: per source the mining summary (candidates, kept,
+benchmarks/results/mining_<sandbox>.json (or `--results NAME`): per source the mining summary (candidates, kept,
 rejected by reason, split, difficulty levels) and the episode outcomes.
 """
 
@@ -81,8 +81,9 @@ def main() -> None:
     parser.add_argument("--sandbox", default="bwrap")
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--only", action="append", choices=sorted(SOURCES))
+    parser.add_argument("--results", help="results file name (default mining_<sandbox>.json)")
     args = parser.parse_args()
-    results_file = RESULTS / f"mining_{args.sandbox}.json"
+    results_file = RESULTS / (args.results or f"mining_{args.sandbox}.json")
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     results.update(n=args.n, sandbox=args.sandbox, machine={"note": "2 shared cores, loaded"})
     results.setdefault("sources", {})
