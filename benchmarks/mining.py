@@ -66,9 +66,10 @@ def _mine(source: str, n: int, sandbox: str, scratch: Path) -> dict[str, object]
         repo = release_history(what, SOURCES[source] or [], scratch / "repos" / what)
         summary = make_tasks(git=repo, n=n, out=out, sandbox=sandbox)
     mined_s = time.monotonic() - started
-    levels = Counter(t.extra["mine"]["difficulty"]["level"] for t in load_tasks(out))
+    kept = load_tasks(out) if summary.kept else []
+    levels = Counter(t.extra["mine"]["difficulty"]["level"] for t in kept)
     started = time.monotonic()
-    episodes = _episodes(out, sandbox)
+    episodes = _episodes(out, sandbox) if kept else {}
     row = {**asdict(summary), "source": source}
     return {"summary": {k: v for k, v in row.items() if k != "out"},
             "difficulty": dict(levels), "episodes_pi": episodes,
