@@ -186,7 +186,7 @@ class EpisodeRunner:
         row, SWE-bench's `/testbed` by default). Raises `SandboxError` for a row this backend
         cannot run."""
         # A mined task's Python env (its package's dependencies), read-only, beside the CLI's.
-        mounts = {**self.harness.sandbox_mounts(), **env_mounts(task)}
+        mounts = {**self.harness.sandbox_mounts(), **env_mounts(task, self.backend)}
         if task.repo_dir is not None:
             return SandboxSpec(repo=self.repo_for(task), image=task.image_name,
                                label=task.instance_id, ro_mounts=mounts)

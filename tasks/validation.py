@@ -98,7 +98,7 @@ def _grade_once(
     """A fresh sandbox at the base commit, `patch` applied (raises `PatchApplyError`), graded."""
     with tempfile.TemporaryDirectory(prefix="harness-gym-validate-") as scratch:
         spec = SandboxSpec(image=task.image_name, env=dict(env or {}), label="validate",
-                           ro_mounts=env_mounts(task))
+                           ro_mounts=env_mounts(task, backend))
         if task.repo_dir is not None:
             spec.repo = Path(scratch) / "repo"
             materialize(task, spec.repo)

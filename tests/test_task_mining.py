@@ -16,9 +16,11 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from harness_gym.sandbox import default_sandbox, load_sandbox
+from harness_gym.sandbox.docker import docker_unavailable
 from harness_gym.tasks import TaskError, load_tasks
 from harness_gym.tasks.mine import make_tasks
-from harness_gym.tasks.mine.candidate import changed_lines
+from harness_gym.tasks.mine.candidate import leak_fragments, leaks, scrub
 from harness_gym.tasks.mine.envs import env_mounts
 from harness_gym.tasks.mine.mutate import KINDS, mutants
 from harness_gym.tasks.mine.pypi import SdistError, parse_pin
@@ -126,6 +128,43 @@ def test_the_failure_excerpt_never_shows_a_line_of_the_fix():
     assert excerpt == "E   assert 2 == 3\nE    +  where 2 = total([1, 2])"
 
 
+FIX = """\
+diff --git a/src/t.py b/src/t.py
+--- a/src/t.py
++++ b/src/t.py
+@@ -1,4 +1,4 @@
+ def total(values, start=0):
+-    for i in range(len(values) - 1):
++    for i in range(len(values)):
+         start += values[i]
+-    return max(start, limit)
++    return max(limit, start)
+"""
+
+
+def test_a_statement_never_shows_the_fix_or_the_mutated_token():
+    # Adversarial: the library's own error message and the commit message quote the code.
+    assert {"range(len(values) - 1):", "max(limit, start)", "max(start, limit)"} <= set(
+        leak_fragments(FIX))
+    output = textwrap.dedent("""\
+        ___________________________ test_total ___________________________
+        E   ValueError: bad loop: for i in range(len(values)):
+        E   AssertionError: expected max(limit, start) to hold
+        E   assert 3 == 6
+        E   assert None == 'x'
+        """)
+    excerpt = failure_excerpt(output, "tests/test_t.py::test_total",
+                              hide=tuple(leak_fragments(FIX)))
+    assert excerpt == "E   assert 3 == 6\nE   assert None == 'x'"  # behaviour stays
+    message = "total: sum every value\n\nUse `range(len(values))` and max(limit, start).\nFixes #3."
+    assert scrub(message, FIX) == "total: sum every value\n\nFixes #3."
+    assert leaks("see max(start, limit) there", FIX) == ["max(start, limit)"]
+    # a changelog in the patch is not code: quoting it is what a release statement does
+    changelog = FIX + ("diff --git a/CHANGES.rst b/CHANGES.rst\n--- a/CHANGES.rst\n"
+                       "+++ b/CHANGES.rst\n@@ -0,0 +1 @@\n+- total() sums the last value too\n")
+    assert leaks("- total() sums the last value too", changelog) == []
+
+
 def test_every_mutant_parses_and_changes_one_site_outside_docstrings():
     source = textwrap.dedent('''\
         def window(items, size=2):
@@ -160,17 +199,38 @@ def test_mined_pypi_tasks_are_valid_with_symptom_statements_and_a_split(pypi_tas
         meta = task.extra["mine"]
         assert task.FAIL_TO_PASS and task.PASS_TO_PASS and task.test_patch == ""
         assert meta["kind"] in KINDS and meta["difficulty"]["level"] in ("easy", "medium", "hard")
-        for line in changed_lines(task.patch):  # never the changed line or the fix
-            assert line not in task.problem_statement
+        assert leaks(task.problem_statement, task.patch) == []  # never the changed line or token
         assert task.FAIL_TO_PASS[0] in task.problem_statement
         # held-out code is never trained on: a held-out unit holds no training task
         if meta["split"] == "train":
             assert not set(meta["units"]) & set(split["heldout_units"])
 
 
-def test_a_second_run_resumes_without_running_anything(pypi_tasks):
+def test_a_second_run_resumes_without_running_anything(pypi_tasks, capsys):
     summary = make_tasks(pypi=PACKAGE, n=2, out=pypi_tasks, progress=False)
     assert (summary.kept, summary.resumed, summary.tried) == (2, 2, 0)
+    # the command: a progress bar on stderr, the summary with rejections by reason on stdout
+    assert cli_main(["tasks", "make", "--pypi", PACKAGE, "--n", "2", "--out",
+                     str(pypi_tasks)]) == 0
+    said = capsys.readouterr()
+    assert f"mining {PACKAGE}" in said.err and "2/2" in said.err
+    assert "kept (2 already written); rejected: none; split:" in said.out
+
+
+def test_the_same_fix_made_twice_in_a_history_is_one_task(history, tmp_path):
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    fixed = (repo / "calc/core.py").read_text()
+    tests = (repo / "tests/test_calc.py").read_text()
+    broken = fixed.replace(" if values else 0", "")
+    without = tests.replace("\n\ndef test_mean_of_nothing():\n    assert mean([]) == 0\n", "")
+    assert broken != fixed and without != tests
+    _commit(repo, "revert the empty mean", {"calc/core.py": broken, "tests/test_calc.py": without})
+    _commit(repo, "mean of nothing is 0 again",
+            {"calc/core.py": fixed, "tests/test_calc.py": tests})
+    out = tmp_path / "mined"
+    summary = make_tasks(git=repo, n=5, out=out, progress=False)
+    assert summary.kept == 1 and summary.rejected["duplicate"] == 1, summary
 
 
 def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
@@ -178,7 +238,7 @@ def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
     for bad in ("../../etc", "/", "mine-env-x/../../.."):
         hostile = replace(task, install_config={**task.install_config, "python_env": bad})
         with pytest.raises(TaskError, match="python_env"):
-            env_mounts(hostile)
+            env_mounts(hostile, load_sandbox(default_sandbox()))
 
 
 def test_git_history_keeps_the_fix_with_its_new_test_and_rejects_the_rest(history, tmp_path,
@@ -235,3 +295,59 @@ def test_the_teacher_demonstrates_a_mined_task_through_each_cli(pypi_tasks, harn
         env.close()
     assert info["outcome"] == "passed", (harness, info["error"], info.get("grade"))
     assert info["n_tool_calls"] >= 2  # read, then edit: not the oracle's one blind patch
+
+
+# --- docker: the tests run with a venv of the image's own Python --------------------------------
+
+_NO_DOCKER = docker_unavailable()
+needs_docker = pytest.mark.skipif(_NO_DOCKER is not None, reason=str(_NO_DOCKER))
+
+
+@pytest.fixture(scope="module")
+def docker_tasks(history, tmp_path_factory) -> dict[str, Path]:
+    """One task from the registry package and one from the history, mined on docker."""
+    out = {"pypi": tmp_path_factory.mktemp("docker-pypi"),
+           "git": tmp_path_factory.mktemp("docker-git")}
+    try:
+        make_tasks(pypi=PACKAGE, n=1, out=out["pypi"], sandbox="docker", progress=False)
+    except SdistError as error:
+        pytest.skip(f"the registry is not reachable: {error}")
+    make_tasks(git=history, n=1, out=out["git"], sandbox="docker", progress=False)
+    return out
+
+
+@needs_docker
+def test_tasks_mined_on_docker_are_validated_there_with_the_images_python(docker_tasks):
+    backend = load_sandbox("docker")
+    try:
+        for kind, directory in docker_tasks.items():
+            (task,) = load_tasks(directory)  # validated on docker before it was written
+            mounts = env_mounts(task, backend)
+            (env,) = mounts
+            built = json.loads((Path(env) / "harness-gym-env.json").read_text())
+            assert built["runtime"] == "image" and built["image"] == "harness-gym/base:1", kind
+            assert os.readlink(Path(env) / "bin" / "python3").startswith("/usr/bin/")
+            # the same task on the host's sandbox: refused in one line, not a confusing failure
+            with pytest.raises(TaskError, match="mined for docker image .* --sandbox bwrap"):
+                env_mounts(task, load_sandbox("bwrap"))
+    finally:
+        backend.close()
+
+
+@needs_docker
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
+@pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
+def test_pi_on_docker_solves_mined_tasks_with_the_oracle_and_noop_fails_them(docker_tasks,
+                                                                           engine, outcome):
+    for kind, directory in docker_tasks.items():
+        (task,) = load_tasks(directory)
+        env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi",
+                       sandbox="docker", episode_timeout_s=300)
+        try:
+            env.reset(options={"task_id": task.instance_id})
+            _, reward, _, _, info = env.step({})
+        finally:
+            env.close()
+        assert info["outcome"] == outcome, (kind, info["error"], info["grade"])
+        assert (reward > 0) == (outcome == "passed")

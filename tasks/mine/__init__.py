@@ -9,8 +9,9 @@ Also `harness-gym tasks make --pypi NAME==VER | --git PATH [--since REV] --n N -
 docs/own-tasks-mining.md says how to turn a repository into a training suite.
 
 Modules, one concept each: `pypi` (sdist and declared test dependencies), `envs` (the cached
-venv a task's tests run with, and its read-only mount), `project` (layout: tests, sources, test
-command), `runs` (a suite run in the sandbox, cached by content), `mutate` (the `ast` bugs),
+venv a task's tests run with, and its read-only mount), `image_env` (that venv for a docker
+image's own Python), `releases` (a package's releases as a git history), `project` (layout:
+tests, sources, test command), `runs` (a suite run in the sandbox, cached by content), `mutate` (the `ast` bugs),
 `inject` (mutants -> candidates), `history` (commits -> candidates), `candidate` (rows,
 statement, difficulty, writing), `split` (train/held-out by file or function), `make` (the
 mining loop: validation, duplicates, resume, summary), `cli` (`harness-gym tasks make`).

@@ -9,6 +9,7 @@ task directory (`task.json` with SWE-rebench V2 fields plus `mine`, and `repo/`)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Any
 
 from .project import IGNORED_DIRS
 
-__all__ = ["Candidate", "changed_lines", "difficulty", "symptom_statement"]
+__all__ = ["Candidate", "changed_lines", "difficulty", "leak_fragments", "leaks", "scrub",
+           "symptom_statement"]
 
 HARD_KINDS = frozenset({"drop_statement", "drop_branch", "swap_arguments", "return_none"})
 
@@ -66,6 +68,88 @@ def changed_lines(patch: str) -> list[str]:
         line[1:].strip() for line in patch.splitlines()
         if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()
     ]  # fmt: skip
+
+
+def _pairs(patch: str) -> list[tuple[str, str]]:
+    """(removed line, added line) pairs: each run of `-` lines zipped with the `+` run after."""
+    pairs: list[tuple[str, str]] = []
+    removed: list[str] = []
+    added: list[str] = []
+    for line in [*patch.splitlines(), " "]:
+        if line.startswith(("+++", "---")):
+            continue
+        if line[:1] == "-" and not added:
+            removed.append(line[1:])
+        elif line[:1] == "+":
+            added.append(line[1:])
+        else:
+            pairs += zip(removed, added, strict=False)
+            removed, added = ([line[1:]] if line[:1] == "-" else []), []
+    return pairs
+
+
+def _core(text: str, start: int, end: int) -> str:
+    """`text[start:end]` widened to whole whitespace-separated tokens, and by one more token on
+    each side while it is shorter than 4 characters (`1` in `i + 1]` becomes `+ 1]`)."""
+    for _ in range(2):
+        while start > 0 and not text[start - 1].isspace():
+            start -= 1
+        while end < len(text) and not text[end].isspace():
+            end += 1
+        if len(text[start:end].strip()) >= 4:
+            break
+        start = len(text[:start].rstrip())
+        end = len(text) - len(text[end:].lstrip())
+    return text[start:end].strip()
+
+
+def leak_fragments(patch: str) -> list[str]:
+    """What a statement must never show of the fix: each changed line, and each part of a
+    changed line that differs from its counterpart (the mutated token, widened to whole tokens).
+    Parts that are a bare word or number (`None`, `count`, `2`) are left out: they are what the
+    tests print about behaviour (`assert None == 'x'`), too common to tell where the change
+    is. Only Python files count: a release's changelog lines are what its statement quotes."""
+    patch = _python_part(patch)
+    found = {line for line in changed_lines(patch) if len(line) >= 4 and not _word(line)}
+    for old, new in _pairs(patch):
+        prefix = len(_common_prefix(old, new))
+        suffix = len(_common_prefix(old[prefix:][::-1], new[prefix:][::-1]))
+        for text in (old, new):
+            part = _core(text, prefix, len(text) - suffix)
+            if len(part) >= 4 and not _word(part):
+                found.add(part)
+    return sorted(found, key=len, reverse=True)
+
+
+def _python_part(patch: str) -> str:
+    """The sections of a `diff --git` patch whose file is a `.py` (all of a bare diff)."""
+    sections = re.split(r"(?m)^(?=diff --git )", patch)
+    if len(sections) == 1:
+        return patch
+    return "".join(s for s in sections
+                   if s.startswith("diff --git ") and s.split("\n", 1)[0].endswith(".py"))
+
+
+def _word(text: str) -> bool:
+    return text.replace("_", "a").isalnum()
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def leaks(text: str, patch: str) -> list[str]:
+    """The fragments of the fix (`leak_fragments`) that `text` shows."""
+    return [part for part in leak_fragments(patch) if part in text]
+
+
+def scrub(text: str, patch: str) -> str:
+    """`text` without the lines that show a fragment of the fix (a commit message quoting it)."""
+    hide = leak_fragments(patch)
+    return "\n".join(line for line in text.splitlines() if not any(h in line for h in hide))
 
 
 def difficulty(n_fail_to_pass: int, patch: str, kind: str) -> dict[str, Any]:

@@ -10,7 +10,8 @@ def add_make_action(
     actions: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]
 ) -> None:
     make = actions.add_parser(
-        "make", parents=parents, help="mine validated tasks from a PyPI package (bug injection) or a git history")
+        "make", parents=parents,
+        help="mine validated tasks from a PyPI package (bug injection) or a git history")
     source = make.add_mutually_exclusive_group(required=True)
     source.add_argument("--pypi", metavar="NAME==VERSION",
                         help="inject bugs into this sdist's functions; keep those its tests see")
@@ -23,17 +24,28 @@ def add_make_action(
     make.add_argument("--sandbox", default=None, help="backend the tasks will run on (default: "
                       "bwrap where it works)")
     make.add_argument("--test-timeout", type=float, default=300.0)
+    make.add_argument("--max-patch-lines", type=int, default=120,
+                      help="reject a task whose gold patch is longer (default 120 lines)")
     make.add_argument("--quiet", action="store_true", help="no progress bar")
     make.set_defaults(handler=_make)
 
 
 def _make(args: argparse.Namespace) -> int:
-    from . import make_tasks
+    import sys
 
-    summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
-                         git=Path(args.git) if args.git else None, since=args.since,
-                         seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
-                         timeout_s=args.test_timeout)  # fmt: skip
+    from . import make_tasks
+    from .envs import EnvBuildError
+    from .image_env import ImageEnvError
+
+    try:
+        summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
+                             git=Path(args.git) if args.git else None, since=args.since,
+                             seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
+                             timeout_s=args.test_timeout,
+                             max_patch_lines=args.max_patch_lines)  # fmt: skip
+    except (EnvBuildError, ImageEnvError) as error:  # the registry or the image, not a bug
+        print(f"harness-gym: error: {error}", file=sys.stderr)
+        return 2
     print(summary.describe())
     for task_id, problems in sorted(summary.problems.items()):
         print(f"  invalid {task_id}: {'; '.join(problems)[:300]}")

@@ -6,8 +6,9 @@ tree with the commit's test files is run (`before`), then the commit's tree (`af
 that pass after and did not pass before are FAIL_TO_PASS (a new test that did not exist counts:
 it could not pass), tests that pass in both are PASS_TO_PASS. A commit whose tests fail on
 neither side (a refactor with tests that always passed) is rejected. The repository is the
-parent tree, the gold patch the commit's non-test diff, the test patch its test diff; the
-statement is the commit message and how the new tests fail.
+parent tree, the gold patch the commit's diff but tests and docs (changelog, README, `docs/`:
+nothing the tests exercise), the test patch its test diff; the statement is the commit message
+and how the new tests fail.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 
 from ..loader import GIT_ISOLATION
 from ..test_scope import is_test_file
-from .candidate import Candidate, changed_lines, difficulty, symptom_statement
-from .project import ProjectError, scan_project
+from .candidate import Candidate, difficulty, leak_fragments, scrub, symptom_statement
+from .project import ProjectError, is_docs_path, is_library_path, scan_project
 from .runs import SuiteRunner, failure_excerpt
 
 __all__ = ["Commit", "GitError", "HistorySource", "git"]
@@ -59,6 +60,7 @@ class Commit:
     message: str
     tests: list[str]
     sources: list[str]
+    fix: list[str]  # what the gold patch holds: every changed path but tests and docs
 
 
 class HistorySource:
@@ -82,12 +84,14 @@ class HistorySource:
             names = git(self.path, "diff", "--name-only", "--no-renames", parents[0], sha)
             changed = [p for p in names.split("\n") if p]
             tests = [p for p in changed if is_test_path(p)]
-            sources = [p for p in changed if p.endswith(".py") and not is_test_path(p)]
+            # setup.py or docs/conf.py is no code to learn from (nor a split unit)
+            sources = [p for p in changed if is_library_path(p) and not is_test_path(p)]
             if not tests or not sources:
                 self.rejected_upfront.append("no_tests" if not tests else "no_source")
                 continue
             message = git(self.path, "log", "-1", "--format=%B", sha).strip()
-            self._items.append(Commit(sha, parents[0], message, tests, sources))
+            fix = [p for p in changed if not is_test_path(p) and not is_docs_path(p)]
+            self._items.append(Commit(sha, parents[0], message, tests, sources, fix))
 
     def items(self) -> list[Commit]:
         return self._items
@@ -125,14 +129,17 @@ class HistorySource:
         if not fixed:
             return "no_fail_to_pass"  # the new tests pass without the change too
         kept = sorted(after_run.passed() & before_run.passed())
+        # Docs and changelog stay as they were: a release's gold patch is its code, which an
+        # agent (or the oracle, in one answer) can write.
         patch = git(self.path, "diff", "--no-color", "--no-ext-diff", "--full-index", "--binary",
-                    commit.parent, commit.sha, "--", ".",
-                    *[f":(exclude){p}" for p in commit.tests])  # fmt: skip
+                    commit.parent, commit.sha, "--", *commit.fix)  # fmt: skip
         test_patch = git(self.path, "diff", "--no-color", "--no-ext-diff", "--full-index",
                          "--binary", commit.parent, commit.sha, "--", *commit.tests)  # fmt: skip
-        hide = tuple(line for line in changed_lines(patch) if len(line) >= 4)
+        hide = tuple(leak_fragments(patch))
         excerpt = failure_excerpt(before_run.output, fixed[0], hide=hide)
-        statement = symptom_statement(commit.message, fixed, excerpt, len(kept), fixed[0])
+        # The authors' message may quote the fix ("use `<=` in ..."): those lines go.
+        statement = symptom_statement(scrub(commit.message, patch), fixed, excerpt, len(kept),
+                                      fixed[0])  # fmt: skip
         kind = "commit"
         meta = {"source": "history", "kind": kind, "commit": commit.sha,
                 "files": list(commit.sources), "functions": [],

@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..family.suite import unified_diff
-from .candidate import Candidate, changed_lines, difficulty, symptom_statement
+from .candidate import Candidate, difficulty, leak_fragments, symptom_statement
 from .mutate import Mutant, mutants
 from .project import Project
 from .runs import SuiteRun, SuiteRunner, failure_excerpt
@@ -68,7 +68,7 @@ class MutationSource:
         if not still:
             return "breaks_everything"  # an import error, not a bug in a function
         patch = unified_diff(mutant.path, mutant.source, self.originals[mutant.path])
-        hide = tuple(line for line in changed_lines(patch) if len(line) >= 4)
+        hide = tuple(leak_fragments(patch))
         excerpt = failure_excerpt(run.output, failing[0], hide=hide)
         statement = symptom_statement(
             f"Tests of {self.project.name} fail after a change to the library", failing,

@@ -24,23 +24,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...engines._cache import build_once
 from ...sandbox import default_sandbox, load_sandbox
 from ...sandbox.base import SandboxBackend
 from ..loader import load_tasks
 from ..validation import validate_task
-from .candidate import Candidate
+from .candidate import Candidate, leaks
 from .envs import python_env
 from .history import HistorySource
 from .inject import MutationSource
 from .project import Project, ProjectError, scan_project
-from .pypi import fetch_sdist, parse_pin, test_requirements
+from .pypi import cached_sdist, parse_pin, test_requirements
 from .runs import SuiteRunner
 from .split import heldout_units, split_of, write_split
 
 __all__ = ["MiningSummary", "make_tasks"]
 
 SUMMARY_FILE = "mining.json"
+# A gold patch longer than this is no task to learn from in one episode (a release rewriting
+# a module), and the oracle cannot send it in one answer within a CLI's 4096-token output
+# limit (Pi cut a 7.6 KB patch): `--max-patch-lines` raises it.
+MAX_PATCH_LINES = 120
 
 
 @dataclass
@@ -74,6 +77,7 @@ def make_tasks(
     sandbox: str | SandboxBackend | None = None,
     progress: bool = True,
     timeout_s: float = 300.0,
+    max_patch_lines: int = MAX_PATCH_LINES,
 ) -> MiningSummary:
     """Mine up to `n` validated tasks from `pypi` (NAME==VERSION) or `git` (a local repo)."""
     if (pypi is None) == (git is None):
@@ -91,7 +95,7 @@ def make_tasks(
         else:
             source, label = _git_source(Path(git).expanduser(), since, backend, Path(scratch),
                                         timeout_s), str(git)  # fmt: skip
-        return _mine(source, label, out, n, seed, backend, progress, timeout_s)
+        return _mine(source, label, out, n, seed, backend, progress, timeout_s, max_patch_lines)
 
 
 def _runner(project: Project, backend: SandboxBackend, env: Path, timeout_s: float) -> SuiteRunner:
@@ -102,12 +106,9 @@ def _runner(project: Project, backend: SandboxBackend, env: Path, timeout_s: flo
 
 def _pypi_source(pin: str, backend: SandboxBackend, seed: int, timeout_s: float) -> MutationSource:
     name, version = parse_pin(pin)
-    unpacked = build_once(f"mine-sdist-{name}-{version}",
-                          lambda d: fetch_sdist(pin, d / "unpacked"))  # fmt: skip
-    entries = list((unpacked / "unpacked").iterdir())
-    root = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked / "unpacked"
+    root = cached_sdist(pin)
     project = scan_project(root, name)
-    env = python_env(f"{name}-{version}", test_requirements(root))
+    env = python_env(f"{name}-{version}", test_requirements(root), backend)
     runner = _runner(project, backend, env, timeout_s)
     baseline = runner.run(project.root)
     if not baseline.passed():
@@ -120,10 +121,12 @@ def _pypi_source(pin: str, backend: SandboxBackend, seed: int, timeout_s: float)
 def _git_source(path: Path, since: str | None, backend: SandboxBackend, scratch: Path,
                 timeout_s: float) -> HistorySource:  # fmt: skip
     label = re.sub(r"[^A-Za-z0-9._-]+", "-", path.resolve().name) or "repo"
-    env = python_env(label, test_requirements(path))
     runners: dict[str, SuiteRunner] = {}
 
     def runner_for(project: Project) -> SuiteRunner:
+        # Built on the first commit that needs a run: a path that is no repository, or a
+        # history with no candidate, builds nothing.
+        env = python_env(label, test_requirements(path), backend)
         runner = _runner(project, backend, env, timeout_s)
         return runners.setdefault(runner.test_cmd, runner)
 
@@ -135,14 +138,17 @@ def _existing(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def _duplicate_keys(row: dict[str, Any]) -> list[str]:
-    """Two tasks are one when their fixes are equal, or when they break the same function the
-    same way as far as the tests tell (the same FAIL_TO_PASS)."""
+    """Two tasks are one when their fixes change the same lines the same way (context and blob
+    ids aside: a fix reverted and made again later in a history), or when they break the same
+    function the same way as far as the tests tell (the same FAIL_TO_PASS)."""
+    lines = row["patch"].splitlines()
+    change = json.dumps([x for x in lines if x[:1] in "+-" and not x.startswith(("+++ ", "--- "))])
     behaviour = json.dumps([row["mine"].get("functions"), sorted(row["FAIL_TO_PASS"])])
-    return [row["patch"], behaviour] if row["mine"].get("functions") else [row["patch"]]
+    return [change, behaviour] if row["mine"].get("functions") else [change]
 
 
 def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: SandboxBackend,
-          progress: bool, timeout_s: float) -> MiningSummary:  # fmt: skip
+          progress: bool, timeout_s: float, max_patch_lines: int) -> MiningSummary:  # fmt: skip
     from tqdm import tqdm
 
     items = source.items()
@@ -167,6 +173,12 @@ def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: Sandbo
             if isinstance(result, str):
                 rejected[result] += 1
                 bar.set_postfix(tried=summary.tried)
+                continue
+            if len(result.patch.splitlines()) > max_patch_lines:
+                rejected["patch_too_large"] += 1
+                continue
+            if leaks(result.problem_statement, result.patch):
+                rejected["leaky_statement"] += 1  # a test name quoting the fix, say
                 continue
             keys = _duplicate_keys(result.row())
             if any(key in seen for key in keys):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ class Mutant:
 def mutants(path: str, source: str) -> list[Mutant]:
     """Every single-site mutant of `source` (see the module doc), in source order."""
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except SyntaxError:
         return []
     lines = source.splitlines(keepends=True)
@@ -67,13 +68,20 @@ def mutants(path: str, source: str) -> list[Mutant]:
             if mutated is None or mutated in seen:
                 continue
             try:
-                if ast.dump(ast.parse(mutated)) == original:
+                if ast.dump(_parse(mutated)) == original:
                     continue
             except SyntaxError:
                 continue
             seen.add(mutated)
             found.append(Mutant(path, qualname, kind, line, mutated, lines[line - 1].strip()))
     return found
+
+
+def _parse(source: str) -> ast.Module:
+    # Quietly: old code's `'\s'` warns once per parse, and a package has thousands of mutants.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
+        return ast.parse(source)
 
 
 def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..test_scope import find_test_directories, is_test_file
 
-__all__ = ["IGNORED_DIRS", "Project", "ProjectError", "scan_project", "tree_digest"]
+__all__ = ["IGNORED_DIRS", "Project", "ProjectError", "is_docs_path", "is_library_path",
+           "scan_project", "tree_digest"]
 
 IGNORED_DIRS = frozenset({".git", "__pycache__", ".tox", ".nox", ".venv", "venv", "build",
                           "dist", ".eggs", ".pytest_cache", ".mypy_cache", "node_modules"})
@@ -24,6 +25,9 @@ NOT_LIBRARY = frozenset({"docs", "doc", "examples", "example", "benchmarks", "be
                          "tools", "ci", ".github"})  # fmt: skip
 NOT_LIBRARY_FILES = frozenset({"setup.py", "conftest.py", "noxfile.py", "fabfile.py"})
 COMPILED = (".c", ".cc", ".cpp", ".pyx", ".rs")
+DOC_SUFFIXES = (".rst", ".md", ".txt")
+DOC_NAMES = frozenset({"LICENSE", "LICENCE", "COPYING", "CHANGES", "CHANGELOG", "HISTORY", "NEWS",
+                       "AUTHORS", "MANIFEST", "CONTRIBUTING", "README"})  # fmt: skip
 
 
 class ProjectError(ValueError):
@@ -54,6 +58,19 @@ def _files(root: Path) -> list[str]:
     return found
 
 
+def is_library_path(path: str) -> bool:
+    """A `.py` that is library code, not packaging, docs, examples or a conftest."""
+    return (path.endswith(".py") and path.rsplit("/", 1)[-1] not in NOT_LIBRARY_FILES
+            and path.split("/")[0] not in NOT_LIBRARY)  # fmt: skip
+
+
+def is_docs_path(path: str) -> bool:
+    """Documentation, examples, CI, licence and changelog: no part of what the tests exercise."""
+    name = path.rsplit("/", 1)[-1]
+    return (path.split("/")[0] in NOT_LIBRARY or name.endswith(DOC_SUFFIXES)
+            or name.upper().split(".")[0] in DOC_NAMES)  # fmt: skip
+
+
 def scan_project(root: Path, name: str | None = None) -> Project:
     root = Path(root)
     files = _files(root)
@@ -70,8 +87,7 @@ def scan_project(root: Path, name: str | None = None) -> Project:
     targets = sorted(directories) + sorted(loose)
     sources = [
         f for f in files
-        if f.endswith(".py") and f not in tests and f.rsplit("/", 1)[-1] not in NOT_LIBRARY_FILES
-        and f.split("/")[0] not in NOT_LIBRARY
+        if is_library_path(f) and f not in tests
         and not any(f.startswith(d + "/") for d in directories)
         and "/tests/" not in f"/{f}" and "/test/" not in f"/{f}"
     ]  # fmt: skip

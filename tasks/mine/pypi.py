@@ -1,11 +1,12 @@
 """A package from the registry as a tree to mine: its sdist, unpacked, and what its tests
 need.
 
-`fetch_sdist("inflection==0.5.1", dest)` runs `pip download --no-deps --no-binary :all:` (the
-sdist is the one artifact that ships the tests) and unpacks it. `test_requirements(root)` reads
-what the sdist declares: `Requires-Dist` of `PKG-INFO` (or `*.egg-info/requires.txt`) without an
-extra or with a test extra (`test`, `tests`, `testing`), `pyproject.toml`'s dependencies and
-test extras, and `requirements*test*.txt` files.
+`fetch_sdist("inflection==0.5.1", dest)` (`cached_sdist(pin)`: once, in the cache) runs
+`pip download --no-deps --no-binary :all:` (the sdist is the one artifact that ships the tests)
+and unpacks it. `test_requirements(root)` reads what the sdist declares: `Requires-Dist` of
+`PKG-INFO` (or `*.egg-info/requires.txt`) without an extra or with a test extra (`test`,
+`tests`, `testing`), `pyproject.toml`'s dependencies and test extras, and
+`requirements*test*.txt` files.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-__all__ = ["SdistError", "fetch_sdist", "parse_pin", "test_requirements"]
+__all__ = ["SdistError", "cached_sdist", "fetch_sdist", "parse_pin", "test_requirements"]
 
 TEST_EXTRAS = ("test", "tests", "testing")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
@@ -56,6 +57,18 @@ def fetch_sdist(requirement: str, dest: Path) -> Path:
         _unpack(archives[0], dest)
     tops = [p for p in dest.iterdir() if p.is_dir()]
     return tops[0] if len(tops) == 1 else dest
+
+
+def cached_sdist(requirement: str) -> Path:
+    """The unpacked sdist of `NAME==VERSION`, fetched once into the cache; its project root."""
+    from ...engines._cache import build_once
+
+    name, version = parse_pin(requirement)
+    built = build_once(f"mine-sdist-{name}-{version}",
+                       lambda d: fetch_sdist(requirement, d / "unpacked"))  # fmt: skip
+    unpacked = built / "unpacked"
+    entries = list(unpacked.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
 
 
 def _unpack(archive: Path, dest: Path) -> None:

@@ -1,0 +1,101 @@
+"""Mining is for the class, not one package: a real history (inflection's own releases from the
+registry, one commit each, messages from its changelog) mined with `--git`, and a second
+registry package (toolz 0.12.1: several modules, its tests inside the package) mined with
+`--pypi`, split by file. Sdists, envs and suite runs are cached, so a re-run costs only the
+validation of the few kept tasks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from harness_gym.tasks import load_tasks
+from harness_gym.tasks.mine import make_tasks
+from harness_gym.tasks.mine.candidate import leaks
+from harness_gym.tasks.mine.pypi import SdistError
+from harness_gym.tasks.mine.releases import release_history
+
+import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+
+RELEASES = ["0.2.1", "0.3.0", "0.3.1"]  # 0.3.0 adds tableize(), 0.3.1 fixes two plurals
+
+
+@pytest.fixture(scope="module")
+def releases_tasks(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("releases") / "inflection"
+    try:
+        release_history("inflection", RELEASES, repo)
+    except SdistError as error:
+        pytest.skip(f"the registry is not reachable: {error}")
+    out = tmp_path_factory.mktemp("mined-releases")
+    summary = make_tasks(git=repo, n=5, out=out, progress=False)
+    assert summary.kept == 2, summary
+    return out
+
+
+@pytest.fixture(scope="module")
+def toolz_tasks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mined-toolz")
+    try:
+        summary = make_tasks(pypi="toolz==0.12.1", n=2, out=out, progress=False)
+    except SdistError as error:
+        pytest.skip(f"the registry is not reachable: {error}")
+    assert summary.kept == 2, summary
+    return out
+
+
+def test_a_release_history_yields_its_real_fixes_with_the_changelog_as_statement(releases_tasks):
+    tasks = {t.extra["mine"]["commit"]: t for t in load_tasks(releases_tasks)}
+    by_release = {t.problem_statement.split("\n", 1)[0]: t for t in tasks.values()}
+    assert set(by_release) == {"inflection 0.3.0", "inflection 0.3.1"}
+    added = by_release["inflection 0.3.0"]
+    assert "Added `tableize()` function." in added.problem_statement
+    assert all("test_tableize" in test for test in added.FAIL_TO_PASS)
+    fixed = by_release["inflection 0.3.1"]
+    assert set(fixed.FAIL_TO_PASS) == {
+        "test_inflection.py::test_pluralize_singular[human-humans]",
+        "test_inflection.py::test_pluralize_singular[potato-potatoes]",
+    }
+    assert "'humen'" in fixed.problem_statement  # how the new test failed before the release
+    for task in tasks.values():
+        assert task.PASS_TO_PASS and "test_inflection.py" in task.test_patch
+        assert "test_inflection.py" not in task.patch and "inflection.py" in task.patch
+        assert leaks(task.problem_statement, task.patch) == []
+        assert task.extra["mine"]["difficulty"]["level"] in ("easy", "medium", "hard")
+
+
+def test_a_second_package_with_several_modules_is_split_by_file(toolz_tasks):
+    tasks = load_tasks(toolz_tasks)
+    split = json.loads((toolz_tasks / "split.json").read_text())
+    assert split["unit"] == "file"
+    assert split["heldout_units"] and all(u.endswith(".py") and "tests/" not in u
+                                          for u in split["heldout_units"])
+    summary = json.loads((toolz_tasks / "mining.json").read_text())
+    assert summary["candidates"] > 1000 and summary["kept"] == 2
+    for task in tasks:
+        meta = task.extra["mine"]
+        assert meta["files"][0].endswith(".py") and "tests/" not in meta["files"][0]
+        assert all(t.startswith("toolz/tests/") for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
+        assert leaks(task.problem_statement, task.patch) == []
+        assert meta["split"] == ("heldout" if meta["units"][0] in split["heldout_units"]
+                                 else "train")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
+@pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
+def test_pi_solves_the_release_and_toolz_tasks_with_the_oracle_and_noop_fails_them(
+        releases_tasks, toolz_tasks, engine, outcome):  # fmt: skip
+    for directory in (releases_tasks, toolz_tasks):
+        task = load_tasks(directory)[0]
+        env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi")
+        try:
+            env.reset(options={"task_id": task.instance_id})
+            _, reward, _, _, info = env.step({})
+        finally:
+            env.close()
+        assert info["outcome"] == outcome, (task.instance_id, info["error"], info["grade"])
+        assert (reward > 0) == (outcome == "passed")
