@@ -57,41 +57,18 @@ def test_a_notebook_is_stored_executed_top_to_bottom(path: Path):
                    for o in outputs)
 
 
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Every notebook run top to bottom, all at once: each in its own kernel process and
-    scratch dir, driven by one event loop (nbclient's `async_execute`), so the three take about
-    the time of the longest. name -> (executed notebook, its error or None, seconds)."""
-    import asyncio
-
-    kernel = _kernel_name()
-
-    async def run(path: Path) -> tuple:
-        notebook = nbformat.read(path, as_version=4)
-        client = nbclient.NotebookClient(
-            notebook, kernel_name=kernel, timeout=120,
-            resources={"metadata": {"path": str(tmp_path_factory.mktemp(path.stem))}},
-        )
-        started = time.monotonic()
-        try:
-            await client.async_execute()
-        except Exception as exc:  # noqa: BLE001 - the notebook's own test raises it
-            return notebook, exc, time.monotonic() - started
-        return notebook, None, time.monotonic() - started
-
-    async def run_all() -> list[tuple]:
-        return await asyncio.gather(*(run(path) for path in NOTEBOOKS))
-
-    return dict(zip(NAMES, asyncio.run(run_all())))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_notebook_runs_top_to_bottom_in_minutes(name: str, executed: dict[str, tuple]):
-    notebook, error, elapsed = executed[name]
-    if error is not None:
-        raise error  # CellExecutionError, with the cell's traceback
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=NAMES)
+def test_a_notebook_runs_top_to_bottom_in_minutes(path: Path, tmp_path: Path):
+    notebook = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        notebook, kernel_name=_kernel_name(), timeout=120,
+        resources={"metadata": {"path": str(tmp_path)}},  # runs in a scratch dir
+    )
+    started = time.monotonic()
+    client.execute()  # raises CellExecutionError with the cell's traceback on failure
+    elapsed = time.monotonic() - started
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    # Quiet, each takes 10-40 s here, run together; the bound (not a speed test) catches a
-    # notebook that starts a real training run, with room for a loaded CI machine.
-    assert elapsed < 180, f"{name}.ipynb took {elapsed:.0f} s"
+    # Quiet, each takes 10-40 s here; the bound (not a speed test) catches a notebook that
+    # starts a real training run, with room for a loaded CI machine.
+    assert elapsed < 180, f"{path.name} took {elapsed:.0f} s"
