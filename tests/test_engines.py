@@ -131,6 +131,24 @@ def test_two_processes_building_one_cache_entry_both_get_the_same_complete_one(t
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]  # the loser's copy is gone
 
 
+def test_engines_loaded_in_three_threads_at_once_all_load_whole(tiny: TransformersEngine) -> None:
+    """Three envs started together load three engines at once (the suite's parallel tests do);
+    transformers' loading is not thread-safe, so the engine's loads take turns. Without that,
+    every one of the three failed ("Cannot copy out of meta tensor")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(load_engine, "tiny") for _ in range(3)]
+    engines = [f.result() for f in futures if f.exception() is None]
+    try:
+        assert [f.exception() for f in futures] == [None] * 3
+        expected = tiny.score([1, 2, 3], [4, 5])
+        assert [engine.score([1, 2, 3], [4, 5]) for engine in engines] == [expected] * 3
+    finally:
+        for engine in engines:
+            engine.close()
+
+
 def test_the_tiny_template_renders_a_tool_conversation_exactly(tiny: TransformersEngine) -> None:
     tools = [
         {

@@ -28,6 +28,7 @@ from harness_gym.rewards import RewardConfig
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.loader import load_tasks
 from support.engines import RecordingEngine
+from support.parallel import in_threads
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
@@ -55,33 +56,40 @@ def sampled(segment: dict) -> tuple[list[int], list[float]]:
 
 
 def test_pi_with_the_oracle_solves_every_builtin_task(tiny):
-    oracle = OracleEngine(tiny)
-    oracle.add_tasks(TASKS)
-    engine = RecordingEngine(oracle)
+    """Three envs at once (`support.parallel`), each with its own recording oracle over the one
+    tiny scorer, so each episode's sampled tokens are checked against its own engine's calls."""
     reward = RewardConfig(tool_penalty=0.02)
-    env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, reward=reward)
-    try:
-        for task in TASKS:
-            calls_before = len(engine.calls)
-            problem, info = env.reset(options={"task_id": task.instance_id})
-            assert problem == task.problem_statement and info["task_id"] == task.instance_id
-            _, reward_value, terminated, truncated, info = env.step({"policy_version": 4})
-            assert (terminated, truncated) == (True, False)
-            assert info["outcome"] == "passed", (task.instance_id, info["error"], info["grade"])
-            assert info["n_tool_calls"] == 1 and info["n_llm_calls"] == 2
-            assert reward_value == pytest.approx(1.0 - 0.02 * info["n_tool_calls"])
-            assert info["reward_breakdown"]["outcome"] == "passed"
-            assert all(info["tests"][t] == "PASSED" for t in task.FAIL_TO_PASS)
-            assert changed_lines(info["patch"]) == changed_lines(task.patch)
-            (segment,) = info["trace"]
-            assert segment["role"] == "agent" and segment["policy_version"] == 4
-            ids, logprobs = sampled(segment)
-            mine = engine.calls[calls_before:]
-            assert ids == [t for c in mine for t in c["token_ids"]]
-            assert logprobs == [p for c in mine for p in c["logprobs"]]
-            assert info["policy_version_min"] == info["policy_version_max"] == 4
-    finally:
-        env.close()
+
+    def solve(share):
+        oracle = OracleEngine(tiny)
+        oracle.add_tasks(TASKS)
+        engine = RecordingEngine(oracle)
+        env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, reward=reward)
+        try:
+            for task in share:
+                calls_before = len(engine.calls)
+                problem, info = env.reset(options={"task_id": task.instance_id})
+                assert problem == task.problem_statement and info["task_id"] == task.instance_id
+                _, reward_value, terminated, truncated, info = env.step({"policy_version": 4})
+                assert (terminated, truncated) == (True, False)
+                assert info["outcome"] == "passed", (task.instance_id, info["error"], info["grade"])
+                assert info["n_tool_calls"] == 1 and info["n_llm_calls"] == 2
+                assert reward_value == pytest.approx(1.0 - 0.02 * info["n_tool_calls"])
+                assert info["reward_breakdown"]["outcome"] == "passed"
+                assert all(info["tests"][t] == "PASSED" for t in task.FAIL_TO_PASS)
+                assert changed_lines(info["patch"]) == changed_lines(task.patch)
+                (segment,) = info["trace"]
+                assert segment["role"] == "agent" and segment["policy_version"] == 4
+                ids, logprobs = sampled(segment)
+                mine = engine.calls[calls_before:]
+                assert ids == [t for c in mine for t in c["token_ids"]]
+                assert logprobs == [p for c in mine for p in c["logprobs"]]
+                assert info["policy_version_min"] == info["policy_version_max"] == 4
+        finally:
+            env.close()
+        return [task.instance_id for task in share]
+
+    assert in_threads(solve, TASKS, workers=3) == [t.instance_id for t in TASKS]
 
 
 def test_the_noop_oracle_fails_with_the_failure_value(tiny):

@@ -18,6 +18,7 @@ import shutil
 
 import pytest
 from support.fidelity import run_harness, scripted
+from support.parallel import in_threads
 
 from harness_gym.episode import TASK_INSTRUCTION
 from harness_gym.harness import load_harness
@@ -119,7 +120,8 @@ def test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment(cli: str) 
 @pytest.mark.slow
 def test_opencode_and_the_oracle_pass_every_builtin_task() -> None:
     """Five built-in tasks hold a piece starting with "-"; passed as an argument, OpenCode showed
-    the model a quoted, escaped text and the oracle failed slugs-40."""
+    the model a quoted, escaped text and the oracle failed slugs-40. Three envs at once, each
+    with its share of the tasks (`support.parallel`)."""
     import gymnasium as gym
 
     import harness_gym  # noqa: F401
@@ -128,17 +130,29 @@ def test_opencode_and_the_oracle_pass_every_builtin_task() -> None:
     _installed("opencode")
     tasks = load_tasks("builtin")
     assert len(tasks) == 13
-    env = gym.make("HarnessSWE-v0", harness="opencode", engine="oracle", sandbox="local",
-                   progress=False, episode_timeout_s=300)
-    outcomes = {}
-    try:
-        for task in tasks:
+
+    def solve(share):
+        seen = []
+        for env, task in share:
             env.reset(options={"task_id": task.instance_id})
             _, _, _, _, info = env.step(None)
-            outcomes[task.instance_id] = (info["outcome"], info["error"])
-            shown = [s for s in info["trace"] if s["role"] == "agent"]
-            assert len(shown) == 1, (task.instance_id, [s["role"] for s in info["trace"]])
+            seen.append((info["outcome"], info["error"], [s["role"] for s in info["trace"]]))
+        return seen
+
+    # Each env's engine loads and its proxy starts (the first reset) here, one after another;
+    # only the episodes run side by side.
+    envs = []
+    try:
+        for _ in range(3):
+            envs.append(gym.make("HarnessSWE-v0", harness="opencode", engine="oracle",
+                                 sandbox="local", progress=False, episode_timeout_s=300))
+            envs[-1].reset(options={"task_id": tasks[0].instance_id})
+        runs = in_threads(solve, [(envs[i % 3], t) for i, t in enumerate(tasks)], workers=3)
     finally:
-        env.close()
-    assert {t: o for t, (o, _) in outcomes.items()} == {t.instance_id: "passed" for t in tasks}, \
-        outcomes
+        for env in envs:
+            env.close()
+    outcomes = dict(zip([t.instance_id for t in tasks], runs))
+    for task_id, (_, _, roles) in outcomes.items():
+        assert roles.count("agent") == 1, (task_id, roles)
+    passed = {t.instance_id: "passed" for t in tasks}
+    assert {t: outcome for t, (outcome, _, _) in outcomes.items()} == passed, outcomes

@@ -11,18 +11,20 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness_gym.harnesses.hermes import HermesHarness
+from support.parallel import started_together
 from support.recorded_requests import chat_shape, portable
 from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
 from harness_gym.harness import Endpoint, HarnessError, load_harness
-from harness_gym.sandbox import SandboxSpec
 from harness_gym.sandbox.base import ExecResult
-from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
+from harness_gym.sandbox.local import LocalSandbox
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
 PROBE = "echo hello > probe.txt"
@@ -36,10 +38,42 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-@pytest.fixture
-def box() -> Iterator[LocalSandbox]:
-    with LocalSandboxBackend().create(SandboxSpec()) as sandbox:
-        yield sandbox
+def _episode(cache: Path, box: LocalSandbox) -> dict[str, Any]:
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
+        result = HermesHarness().launch(box, endpoint, "Write hello into probe.txt.",
+                                        cache_dir=cache).wait(timeout=180)
+    return {"result": result, "server": server}
+
+
+def _strace(cache: Path, box: LocalSandbox) -> dict[str, Any]:
+    log = box.root / "connect.log"
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        plan = HermesHarness().prepare(box, Endpoint(server.base_url, "key"), "hi",
+                                       cache_dir=cache)
+        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
+        result = box.start(argv, env=plan.env).wait(timeout=180)
+    return {"result": result, "server": server, "log": log.read_text()}
+
+
+def _failed_call(cache: Path, box: LocalSandbox) -> dict[str, Any]:
+    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
+        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
+        result = HermesHarness().launch(box, endpoint, "hi", cache_dir=cache).wait(timeout=180)
+    return {"result": result}
+
+
+RUNS = {"episode": _episode, "strace": _strace, "failed_call": _failed_call}
+
+
+@pytest.fixture(scope="module")
+def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[dict[str, Any]]]]]:
+    """The three Hermes runs the slow tests below look at, started together
+    (`support.parallel.started_together`: each its own sandbox and scripted server). A Hermes
+    start is ~10 s of Python imports on one core; one after the other they took ~35 s."""
+    wanted = {k: f for k, f in RUNS.items() if k != "strace" or shutil.which("strace")}
+    with started_together({k: partial(f, cache) for k, f in wanted.items()}) as started:
+        yield started
 
 
 def test_hermes_is_found_by_its_entry_point_name() -> None:
@@ -49,15 +83,10 @@ def test_hermes_is_found_by_its_entry_point_name() -> None:
 
 
 @pytest.mark.slow
-def test_hermes_runs_an_episode_against_a_scripted_openai_server(
-    cache: Path, box: LocalSandbox
-) -> None:
+def test_hermes_runs_an_episode_against_a_scripted_openai_server(cache: Path, runs) -> None:
+    box, run = runs["episode"]
+    result, server = run.result()["result"], run.result()["server"]
     harness = HermesHarness()
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
-        result = harness.launch(box, endpoint, "Write hello into probe.txt.",
-                                cache_dir=cache).wait(timeout=180)
-
     assert result.exit_code == 0, result.stderr
     assert box.read_file("probe.txt") == b"hello\n"
     output = harness.parse_output(result.stdout)
@@ -93,26 +122,19 @@ def test_hermes_runs_an_episode_against_a_scripted_openai_server(
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
-def test_hermes_connects_to_nothing_but_the_base_url(cache: Path, box: LocalSandbox) -> None:
-    harness = HermesHarness()
-    log = box.root / "connect.log"
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        plan = harness.prepare(box, Endpoint(server.base_url, "key"), "hi", cache_dir=cache)
-        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
-        assert box.start(argv, env=plan.env).wait(timeout=180).exit_code == 0
-    inet = [line for line in log.read_text().splitlines() if "AF_INET" in line]
+def test_hermes_connects_to_nothing_but_the_base_url(runs) -> None:
+    _, run = runs["strace"]
+    result, server, log = run.result()["result"], run.result()["server"], run.result()["log"]
+    assert result.exit_code == 0, result.stderr
+    inet = [line for line in log.splitlines() if "AF_INET" in line]
     targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
     assert targets == {(str(server.port), "127.0.0.1")}
 
 
 @pytest.mark.slow
-def test_a_failed_model_call_exits_zero_but_is_reported_as_an_error(
-    cache: Path, box: LocalSandbox
-) -> None:
-    harness = HermesHarness()
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
-        result = harness.launch(box, endpoint, "hi", cache_dir=cache).wait(timeout=180)
+def test_a_failed_model_call_exits_zero_but_is_reported_as_an_error(runs) -> None:
+    _, run = runs["failed_call"]
+    result, harness = run.result()["result"], HermesHarness()
     output = harness.parse_output(result.stdout)
     assert result.exit_code == 0
     assert output.error and "404" in output.error

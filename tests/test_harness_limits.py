@@ -181,15 +181,23 @@ def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str):
 
 @pytest.mark.slow
 def test_pi_with_the_real_smollm2_runs_short_episodes_without_compacting():
-    """SmolLM2 itself (slow here: ~10 tokens/s), answers capped at 96 tokens by the session."""
-    for _ in range(2):
-        reward, info, seconds = step_once("pi", "smollm2", sampling={"max_tokens": 96},
-                                          episode_timeout_s=900)
-        roles = [s["role"] for s in info["trace"]]
-        assert info["outcome"] in ("passed", "failed", "harness_error"), info["error"]
+    """SmolLM2 itself (slow here: ~10 tokens/s), answers capped at 96 tokens by the session.
+    Two episodes at once through one vector env: one model load, their streams batched."""
+    envs = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                        harness="pi", engine="smollm2", sandbox="local", progress=False,
+                        sampling={"max_tokens": 96}, episode_timeout_s=900)
+    try:
+        envs.reset(options={"task_ids": [TASK, TASK]})
+        _, _, _, _, infos = envs.step(None)
+    finally:
+        envs.close()
+    for outcome, error, trace, n_llm_calls in zip(infos["outcome"], infos["error"],
+                                                   infos["trace"], infos["n_llm_calls"]):
+        roles = [s["role"] for s in trace]
+        assert outcome in ("passed", "failed", "harness_error"), error
         assert roles == ["agent"], roles  # no compaction call, no second segment
-        assert info["n_llm_calls"] == info["trace"][0]["n_calls"] >= 1
-        assert set(info["trace"][0]["sampling_max_tokens"]) <= set(range(1, 97))
+        assert n_llm_calls == trace[0]["n_calls"] >= 1
+        assert set(trace[0]["sampling_max_tokens"]) <= set(range(1, 97))
 
 
 @pytest.mark.slow

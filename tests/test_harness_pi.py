@@ -92,8 +92,11 @@ def test_a_second_install_is_a_fast_no_op(pi_cache: Path) -> None:
     messages: list[str] = []
     started = time.monotonic()
     PiHarness().install(pi_cache, progress=messages.append)
-    assert time.monotonic() - started < 0.1
+    # A marker-file check, no npm: no progress message, and well under the seconds a real
+    # install takes. Not 0.1 s: a loaded 2-core machine can keep a runnable process off the
+    # CPU for longer than that.
     assert messages == []
+    assert time.monotonic() - started < 2.0
 
 
 def test_preparing_before_installing_says_what_to_do(box: LocalSandbox, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def story():
 
 
 def chapter(story, name):
+    assert "start" not in story["errors"], f"the cluster did not start:\n{story['errors']['start']}"
     error = story["errors"].get(name)
     assert error is None, f"chapter {name} failed:\n{error}"
     return story[name]
@@ -132,7 +133,8 @@ def test_a_frozen_nodes_episodes_end_by_their_deadline_not_rays(story):
     assert by_node["c"] == ["infra_error"]
     assert "infra_error" not in by_node["a"]  # passed, or its own timeout on a loaded machine
     error = next(e for e in step["errors"] if "deadline" in e)
-    assert "within the episode deadline of 50 s" in error and "the node is silent" in error
+    assert f"within the episode deadline of {step['deadline_s']:g} s" in error
+    assert "the node is silent" in error
     assert step["returned_after_freeze_s"] < step["deadline_s"] + 10
     assert step["c_alive_to_ray_at_return"]  # Ray had not noticed yet: the deadline ended it
 

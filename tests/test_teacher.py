@@ -26,6 +26,7 @@ from harness_gym.proxy.openai_chat import parse_chat_request
 from harness_gym.proxy.tool_parsers import HermesToolCallParser, TextDelta, ToolCallDone
 from harness_gym.tasks import apply_patch, load_tasks
 
+from support.parallel import in_threads
 from support.task_sandboxes import task_sandbox
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -304,20 +305,28 @@ def test_teacher_demonstrations_pass_through_the_real_pi_cli(tiny_teacher):
         pytest.skip("Pi installs with npm")
     family = TRAIN[:2]
     builtin = [t for t in BUILTIN if t.instance_id == "harness-gym__tabular-9"]  # 2 files
-    infos = []
-    for churn, tasks in ((0.0, family[:1] + builtin), (1.0, family[1:])):
-        teacher = TeacherEngine(tiny_teacher.tokenizer, max_context=tiny_teacher.max_context,
-                                stop_token_ids=tiny_teacher.stop_token_ids,
-                                scorer=tiny_teacher.scorer, churn=churn)
-        env = gym.make("HarnessSWE-v0", harness="pi", tasks=tasks, engine=teacher,
-                       sandbox="local", episode_timeout_s=300)
-        try:
-            for task in tasks:
-                env.reset(options={"task_id": task.instance_id})
-                _, reward, _, _, info = env.step(None)
-                infos.append((task, teacher.plan(task, AgentTools.from_specs(PI_TOOLS)), info))
-        finally:
-            env.close()
+
+    def demonstrate(groups):  # one env per (churn, tasks) group; the two groups run at once
+        done = []
+        for churn, tasks in groups:
+            teacher = TeacherEngine(tiny_teacher.tokenizer, max_context=tiny_teacher.max_context,
+                                    stop_token_ids=tiny_teacher.stop_token_ids,
+                                    scorer=tiny_teacher.scorer, churn=churn)
+            env = gym.make("HarnessSWE-v0", harness="pi", tasks=tasks, engine=teacher,
+                           sandbox="local", episode_timeout_s=300)
+            group = []
+            try:
+                for task in tasks:
+                    env.reset(options={"task_id": task.instance_id})
+                    _, reward, _, _, info = env.step(None)
+                    group.append((task, teacher.plan(task, AgentTools.from_specs(PI_TOOLS)), info))
+            finally:
+                env.close()
+            done.append(group)
+        return done
+
+    groups = [(0.0, family[:1] + builtin), (1.0, family[1:])]
+    infos = [run for group in in_threads(demonstrate, groups, workers=2) for run in group]
 
     for task, plan, info in infos:
         assert info["outcome"] == "passed", (info["error"], info["harness_output"]["tail"])
@@ -348,19 +357,26 @@ def test_churned_symptom_demonstrations_take_more_tool_calls_and_still_pass_thro
 
     # a task whose churned plan runs the tests (the grader's pytest, in the agent's shell)
     task = next(t for t in SYMPTOM if Step("test") in teacher(1.0).plan(t, tools))
+
+    def demonstrate(churns):  # the two episodes at once, each with its own engine and env
+        done = []
+        for churn in churns:
+            engine = teacher(churn)
+            env = gym.make("HarnessSWE-v0", harness="pi", tasks=[task], engine=engine,
+                           sandbox="local", episode_timeout_s=300)
+            try:
+                env.reset(options={"task_id": task.instance_id})
+                _, reward, _, _, info = env.step(None)
+            finally:
+                env.close()
+            done.append((len(engine.plan(task, tools)), info))
+        return done
+
     calls = {}
-    for churn in (0.0, 1.0):
-        engine = teacher(churn)
-        env = gym.make("HarnessSWE-v0", harness="pi", tasks=[task], engine=engine,
-                       sandbox="local", episode_timeout_s=300)
-        try:
-            env.reset(options={"task_id": task.instance_id})
-            _, reward, _, _, info = env.step(None)
-        finally:
-            env.close()
+    for churn, (planned, info) in zip((0.0, 1.0), in_threads(demonstrate, [0.0, 1.0], workers=2)):
         assert info["outcome"] == "passed", (info["error"], info["harness_output"]["tail"])
         assert changed_lines(info["patch"]) == changed_lines(task.patch)
-        assert info["n_tool_calls"] == len(engine.plan(task, tools))
+        assert info["n_tool_calls"] == planned
         calls[churn] = info["n_tool_calls"]
     assert calls[1.0] > calls[0.0] >= 4  # ls, read the front module, read the helper, edit
 

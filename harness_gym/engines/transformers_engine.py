@@ -9,6 +9,7 @@ drop the request at its next step.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -29,6 +30,13 @@ from .base import (
     TokenChunk,
 )
 from .weight_updates import LabelledStream, ServedVersion, WeightUpdateError, copy_named_weights
+
+
+# transformers builds a model on the meta device while `from_pretrained` runs, through state it
+# holds for the whole process: two loads in two threads at once break each other ("Cannot copy
+# out of meta tensor", lm_head reported MISSING: 9 of 9 loads failed, three threads at a time).
+# Loads in one process take turns; generation does not.
+_LOADING = threading.Lock()
 
 
 class TransformersEngine(Engine):
@@ -107,11 +115,11 @@ class TransformersEngine(Engine):
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        with quiet_progress_bars():
+        with _LOADING, quiet_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(
                 directory, local_files_only=True, dtype=dtype
             )
-        model.to(device)  # type: ignore[arg-type]  # transformers' stub for .to is too narrow
+            model.to(device)  # type: ignore[arg-type]  # transformers' stub for .to is too narrow
         return cls(
             model,
             tokenizer,
