@@ -132,6 +132,7 @@ class CurveConfig:
     tool_penalty: float = 0.05
     # evaluation: eval_samples episodes per instance at grpo_temperature, plus one greedy
     eval_samples: int = 2
+    point_samples: int = 0  # samples per instance at a point along a GRPO run; 0: eval_samples
     seed: int = 0
 
 
@@ -144,22 +145,28 @@ PRESETS: dict[str, CurveConfig] = {
                          grpo_steps=2, grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
                          grpo_dynamic_draws=1),
     # SmolLM2 with a handful of each unit: the per-unit times that size the full run.
-    # (One arm: the arms cost alike per episode; one step per swept rate: a timing, not a pick.)
+    # (Half an SFT epoch, one arm, one swept rate, one step each: the arms cost alike per
+    # episode; it times the units on a machine shared by six, the full run calibrates the tier.)
     "calibrate": CurveConfig(
         mode="calibrate", policy="smollm2", teacher="teacher:smollm2,churn=0.6",
-        n_demo_tasks=8, n_heldout=2, max_tokens=192, episode_timeout_s=600,
-        sft_learning_rate=1e-4, n_calib_tasks=8, calib_samples=2, lr_sweep="3e-6,1e-5",
+        n_demo_tasks=8, n_heldout=2, max_tokens=192, episode_timeout_s=600, sft_epochs=0.5,
+        sft_learning_rate=1e-4, n_calib_tasks=4, calib_samples=2, lr_sweep="1e-5",
         lr_sweep_steps=1, grpo_learning_rate=0.0, grpo_steps=1, grpo_temperature=0.8,
         grpo_arms="gated", grpo_dynamic_draws=1, eval_samples=2),
-    # The full run, sized from the calibration (its results' `plan`) to fit the 10 h budget.
+    # The full run, sized from the calibration (its results' `plan`) to the issue's floors: 30
+    # GRPO steps per arm of one group of 4 (dynamic sampling refills up to 2 more), 50
+    # held-out instances x 4 samples plus greedy per checkpoint, one point mid-run per arm
+    # (1 sample plus greedy); the rest of the 10 h goes to SFT data.
     "full": CurveConfig(
         mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
+        vllm_kv_cache_gib=3,
         n_heldout=50, max_tokens=192, episode_timeout_s=600,
         sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
-        n_calib_tasks=24, calib_samples=2, lr_sweep="3e-6,1e-5", lr_sweep_steps=3,
-        grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=2,
-        grpo_temperature=0.8, grpo_eval_every=10, tool_penalty=0.05,
-        grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2, eval_samples=4),
+        n_calib_tasks=24, calib_samples=2, lr_sweep="5e-6,2e-5", lr_sweep_steps=3,
+        grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=1,
+        grpo_temperature=0.8, grpo_eval_every=15, tool_penalty=0.05,
+        grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2, eval_samples=4,
+        point_samples=1),
 }
 
 
@@ -524,9 +531,9 @@ class Pipeline:
         tasks = self.tasks(c.heldout_suite, c.n_heldout)
         out = self.stage_dir(f"eval-{name}")
 
-        def one(label: str, weights: Path | None) -> dict[str, Any]:
+        def one(label: str, weights: Path | None, samples: int) -> dict[str, Any]:
             wall, cpu = time.monotonic(), cpu_seconds()
-            sampled = self.run_episodes(name, tasks, c.grpo_temperature, c.eval_samples,
+            sampled = self.run_episodes(name, tasks, c.grpo_temperature, samples,
                                         out / label / "sampled", weights)
             greedy = self.run_episodes(name, tasks, 0.0, 1, out / label / "greedy", weights)
             return {**summarize(sampled), "episodes": sampled,
@@ -538,13 +545,21 @@ class Pipeline:
         trained = self.done(name) if name in ARMS.values() else None
         for point in (trained or {}).get("points", []):
             label = f"step-{point['step']}"
-            points.append({"step": point["step"],
-                           **brief(one(label, self.stage_dir(name) / "points" / label))})
-        final = one("final", None)
+            at = one(label, self.stage_dir(name) / "points" / label,
+                     c.point_samples or c.eval_samples)
+            points.append({"step": point["step"], "samples_per_instance":
+                           at["samples_per_instance"], "n_episodes_run": at["episodes_run"],
+                           **brief(at)})
+        final = one("final", None, c.eval_samples)
         if trained is not None:
-            points.append({"step": trained["optimizer_steps"], **brief(final)})
+            points.append({"step": trained["optimizer_steps"],
+                           "samples_per_instance": final["samples_per_instance"],
+                           "n_episodes_run": final["episodes_run"], **brief(final)})
         summary = {k: v for k, v in final.items() if k != "episodes"}
+        run = final["episodes_run"] + sum(
+            p["n_episodes_run"] for p in points[:-1 if trained is not None else None])
         return {"summary": summary, "episodes": final["episodes"], "points": points,
+                "episodes_total": run,
                 "sampling": {"temperature": c.grpo_temperature, "max_tokens": c.max_tokens,
                              "samples_per_instance": c.eval_samples, "greedy": 1},
                 "server": self.server.stats()}
@@ -660,6 +675,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
         * per_step
     points = (c.grpo_steps - 1) // c.grpo_eval_every if c.grpo_eval_every else 0
     per_eval = c.n_heldout * (c.eval_samples + 1)
+    per_point = c.n_heldout * ((c.point_samples or c.eval_samples) + 1)
     # A trained policy takes more turns than the base model; its episodes are costed at the
     # slowest checkpoint measured.
     eval_s = max(eval_units.values())
@@ -672,7 +688,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
         "grpo": grpo_episodes_full * grpo_unit,
         "eval-base": per_eval * eval_units.get("base", eval_s),
         "eval-sft": per_eval * eval_s,
-        "eval-grpo": per_eval * eval_s * arms * (points + 1),  # every arm and its points
+        "eval-grpo": (per_eval + points * per_point) * eval_s * arms,  # arms and points
         "vllm-startup": units["vllm_startup_s"],
     }
     expected["total"] = sum(expected.values())
@@ -685,7 +701,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
     arm_stats = [st[a] for a in ARMS.values() if a in st]
     cpu["grpo_episode"] = (sum(stage_cpu(a, 1) for a in arm_stats)
                            / max(1, sum(x["episodes"] for a in arm_stats for x in a["steps"])))
-    cpu["eval_episode"] = max(stage_cpu(e, e["episodes_run"] * max(1, len(e.get("points") or [])))
+    cpu["eval_episode"] = max(stage_cpu(e, e.get("episodes_total", e["episodes_run"]))
                               for e in evals.values())
     expected_cpu = {
         "demos": c.n_demo_tasks * cpu["demos"],
@@ -693,7 +709,7 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
         "train-pass": c.n_calib_tasks * c.calib_samples * cpu["train-pass"],
         "lr-sweep": sweep_episodes * cpu["grpo_episode"],
         "grpo": grpo_episodes_full * cpu["grpo_episode"],
-        "eval": per_eval * cpu["eval_episode"] * (2 + arms * (points + 1)),
+        "eval": (per_eval * (2 + arms) + per_point * points * arms) * cpu["eval_episode"],
     }
     expected_cpu["total"] = sum(expected_cpu.values())
     cores = (calibration.get("machine") or {}).get("cores") or 2
@@ -705,7 +721,8 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
                       "grpo_steps": c.grpo_steps, "grpo_episodes": grpo_episodes_full,
                       "arms": arms,
                       "points_per_arm": points, "heldout": c.n_heldout,
-                      "eval_episodes_per_checkpoint": per_eval},
+                      "eval_episodes_per_checkpoint": per_eval,
+                      "eval_episodes_per_point": per_point},
             "expected_s": expected, "budget_s": BUDGET_S,
             "fits": expected["total"] <= BUDGET_S,
             "fits_on_all_cores": expected_cpu["total"] / cores <= BUDGET_S}
