@@ -61,6 +61,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -160,7 +161,7 @@ PRESETS: dict[str, CurveConfig] = {
     "full": CurveConfig(
         mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
         vllm_kv_cache_gib=3,
-        n_heldout=50, max_tokens=192, episode_timeout_s=600,
+        n_heldout=50, max_tokens=192, episode_timeout_s=900,
         sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
         n_calib_tasks=24, calib_samples=2, lr_sweep="5e-6,2e-5", lr_sweep_steps=3,
         grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=1,
@@ -626,6 +627,7 @@ class Pipeline:
             "in_zone": calib["in_zone"], "by_kind": calib["pass_rate_by_kind"],
             "temperature": calib["temperature"], "episodes": calib["summary"]["n_episodes"]}
         results["summary"] = headline_summary(stages["eval"])
+        results["paired"] = paired_table(stages["eval"])
         results["targets"] = targets(stages["eval"])
         results["plan"] = self.plan(results)
         self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -768,6 +770,20 @@ def headline_summary(evals: dict[str, Any]) -> dict[str, Any]:
             out["tool_calls_drop_pct"] = 100 * (
                 1 - gated["tool_calls_solved"] / sft["tool_calls_solved"])
     return out
+
+
+#: The checkpoint pairs compared by a paired bootstrap over instances (after minus before).
+PAIRS = (("base", "sft"), ("sft", "grpo"), ("sft", "grpo-nopenalty"), ("sft", "grpo-flat"),
+         ("grpo", "grpo-nopenalty"), ("grpo", "grpo-flat"))
+
+
+def paired_table(evals: dict[str, Any]) -> dict[str, Any]:
+    """pass@1 differences between checkpoints, in points, with paired bootstrap intervals."""
+    from harness_gym.training.evaluation import paired_difference
+
+    return {f"{after} - {before}": paired_difference(evals[before]["episodes"],
+                                                     evals[after]["episodes"])
+            for before, after in PAIRS if before in evals and after in evals}
 
 
 def targets(evals: dict[str, Any]) -> dict[str, Any]:
@@ -1174,6 +1190,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
     pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress)
+    # A SIGTERM (`kill PID`) ends the run through its `finally`s: the vLLM server (its own
+    # session, so no signal reaches it from the terminal) is stopped, not left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = pipeline.run([] if args.report_only else stages)
     if args.readme:
         from harness_gym.training.report import readme_block, replace_readme_block

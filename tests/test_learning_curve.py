@@ -209,6 +209,8 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
         assert figures["quit_rate"] is None or 0 <= figures["quit_rate"] <= 1
     low, high = summary["grpo_gain_ci"]
     assert low <= summary["grpo_gain_points"] <= high
+    assert results["paired"]["grpo - sft"]["points"] == summary["grpo_gain_points"]
+    assert results["paired"]["grpo - sft"]["n_instances"] == 2
     assert "tool_calls_drop_pct" in summary
     png = (quick["results"] / "learning_curve_quick.png").read_bytes()
     assert png.startswith(b"\x89PNG")

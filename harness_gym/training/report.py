@@ -177,6 +177,11 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
                   + ", ".join(f"{r['learning_rate']:g}: "
                               + ("n/a" if r["score"] is None else f"{r['score']:.3f}")
                               for r in sweep["runs"]) + f"; picked {sweep['pick']:g}."]
+    paired = results.get("paired") or {}
+    if paired:
+        lines += ["", "Paired differences in pass@1 (points, 95% paired bootstrap over instances): "
+                  + "; ".join(f"{name} {d['points']:+.1f} ({_fmt(d['ci'])})"
+                              for name, d in paired.items()) + "."]
     targets = results.get("targets") or {}
     if targets:
         lines += ["", "Targets as measured: " + ", ".join(
