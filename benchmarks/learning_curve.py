@@ -593,8 +593,10 @@ class Pipeline:
             return None
         try:
             return {"from": "learning_curve_calibrate.json", **plan(PRESETS["full"], calibration)}
-        except (KeyError, ZeroDivisionError):
-            return None  # the calibration is not complete yet
+        except (KeyError, ZeroDivisionError, ValueError):
+            # the calibration is not complete yet: the units it has measured
+            return {"from": "learning_curve_calibrate.json", "complete": False,
+                    "units_measured": measured_units(calibration)}
 
     @property
     def results_name(self) -> str:
@@ -728,6 +730,27 @@ def plan(config: CurveConfig, calibration: dict[str, Any]) -> dict[str, Any]:
             "expected_s": expected, "budget_s": BUDGET_S,
             "fits": expected["total"] <= BUDGET_S,
             "fits_on_all_cores": expected_cpu["total"] / cores <= BUDGET_S}
+
+
+def measured_units(calibration: dict[str, Any]) -> dict[str, Any]:
+    """The per-unit times an incomplete calibration has: each done stage's wall and CPU
+    seconds (its process, children and the vLLM server) per unit."""
+    st = calibration["stages"]
+    out: dict[str, Any] = {}
+    if "demos" in st:
+        n = st["demos"]["summary"]["n_episodes"]
+        out["demo_episode_s"], out["demo_episode_cpu_s"] = (st["demos"]["wall_s"] / n,
+                                                            stage_cpu(st["demos"], n))
+    if "sft" in st:
+        cal = CurveConfig(**calibration["config"])
+        out["sft_row_s"] = sft_row_s(st["sft"], cal)
+        out["sft_row_cpu_s"] = stage_cpu(st["sft"], st["sft"]["rows"] * cal.sft_epochs)
+        out["sft_row_tokens_mean"] = st["sft"]["row_tokens_mean"]
+    if "train-pass" in st:
+        n = st["train-pass"]["summary"]["n_episodes"]
+        out["calib_episode_s"], out["calib_episode_cpu_s"] = (st["train-pass"]["wall_s"] / n,
+                                                              stage_cpu(st["train-pass"], n))
+    return out
 
 
 def stage_cpu(stage: dict[str, Any], units: float) -> float:

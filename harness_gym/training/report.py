@@ -193,6 +193,10 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
     plan = results.get("plan") or {}
     if plan.get("expected_s"):
         lines += ["", _plan_sentence(plan)]
+    elif plan.get("units_measured"):
+        lines += ["", "The calibration is not complete; the units it has measured (wall and CPU "
+                  "seconds): " + ", ".join(f"`{k}` = {_fmt(v)}"
+                                           for k, v in plan["units_measured"].items()) + "."]
     lines.append(README_END)
     return "\n".join(lines)
 
