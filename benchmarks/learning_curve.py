@@ -635,7 +635,7 @@ class Pipeline:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         name = self.results_name
         (self.results_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
-        if stages["eval"]:
+        if len(stages) > 1:  # a stage done: the plot says what there is (no stale one)
             plot_learning_curve(results, self.results_dir / f"{name}.png")
             log("\n" + results_table(results))
         return results

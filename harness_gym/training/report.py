@@ -148,7 +148,7 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
     first = next(iter(evals.values()), None)
     samples = config.get("eval_samples")
     heldout = first["n_instances"] if first and "n_instances" in first else (
-        first["n_episodes"] if first else 0)
+        first["n_episodes"] if first else config["n_heldout"])
     per = (f" x {samples} samples at temperature {config['grpo_temperature']:g} plus one greedy"
            if samples else "")
     sizes = (f"{config['n_demo_tasks']} demonstration tasks, "
