@@ -11,6 +11,12 @@ The full run is started in the background, and resumed by running the very same 
         --preset full --workdir ~/.cache/harness-gym/learning-curve/full --no-progress \
         >> /tmp/learning_full.log 2>&1 &
 
+The committed calibration (`learning_curve_calibrate.json`) was cut at the session's end; it is
+completed (and its `plan` filled in) by resuming it alike:
+
+    ./.venv/bin/python benchmarks/learning_curve.py --preset calibrate \
+        --workdir ~/.cache/harness-gym/learning-curve/calibrate-v4 --no-progress
+
 Stages, each writing its checkpoint and `metrics.json` under `--workdir` and skipped when that
 file exists. A run killed at any moment resumes when the same command runs again, losing minutes
 at most: demos and evaluations record each episode as it ends and run only the missing ones
@@ -620,8 +626,9 @@ class Pipeline:
                    "machine": {"cores": os.cpu_count()}, "stages": stages}
         results["times"] = {stage: {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
                             for stage in STAGES if (m := self.done(stage)) is not None}
-        results["times_total"] = {k: sum(t[k] for t in results["times"].values())
-                                  for k in ("wall_s", "cpu_s")}
+        total = {k: sum(t[k] for t in results["times"].values()) for k in ("wall_s", "cpu_s")}
+        results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
+                                  "cpu_h": round(total["cpu_s"] / 3600, 2)}
         calib = stages.get("train-pass")
         results["calibration"] = None if calib is None else {
             "sft_train_pass_at_temperature": calib["summary"]["pass_at_1"],

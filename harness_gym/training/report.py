@@ -188,8 +188,8 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
             f"`{k}` = {_fmt(v)}" for k, v in targets.items()) + "."]
     times = results.get("times_total")
     if times:
-        lines += ["", (f"This run took {times['wall_s'] / 3600:.2f} h of wall time "
-                  f"({times['cpu_s'] / 3600:.2f} CPU h) over its stages.")]
+        lines += ["", (f"This run took {times['wall_h']:.2f} h of wall time "
+                  f"({times['cpu_h']:.2f} CPU h) over its stages.")]
     plan = results.get("plan") or {}
     if plan.get("expected_s"):
         lines += ["", _plan_sentence(plan)]
