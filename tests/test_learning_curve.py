@@ -1,6 +1,8 @@
-"""The learning-curve pipeline in its quick mode (the tiny model through the real Pi CLI): every
-stage leaves its checkpoint and metrics, the results file and plot come out, and a second run
-resumes without redoing a stage. Plus the statistics the curve reports."""
+"""The learning-curve pipeline in its quick mode (tiny-vllm on a real vLLM CPU server, through the
+real Pi CLI): every stage leaves its checkpoint and metrics, the server serves the GRPO rollouts
+(the trainer's weights synced each step) and every evaluation and is gone after the run, the
+results file and plot come out, and a second run resumes without redoing a stage. Plus the
+statistics the curve reports."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from harness_gym.engines.tiny import tiny_model_dir
+from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
 from harness_gym.training.evaluation import (
     bootstrap_interval,
     recorded_episodes,
@@ -24,8 +26,8 @@ from harness_gym.training.evaluation import (
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "learning_curve.py"
-STAGES = ("demos", "sft", "grpo", "grpo-nopenalty", "grpo-flat", "eval-base", "eval-sft",
-          "eval-grpo", "eval-grpo-nopenalty", "eval-grpo-flat")
+STAGES = ("demos", "sft", "train-pass", "lr-sweep", "grpo", "grpo-nopenalty", "grpo-flat",
+          "eval-base", "eval-sft", "eval-grpo", "eval-grpo-nopenalty", "eval-grpo-flat")
 
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -46,6 +48,12 @@ def run_curve(*args: str, timeout: float = 2400) -> subprocess.CompletedProcess[
 def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if shutil.which("npm") is None:
         pytest.skip("Pi installs with npm")
+    from harness_gym.engines.vllm_install import VLLMInstallError, find_vllm_python
+
+    try:
+        find_vllm_python(None)
+    except VLLMInstallError as exc:
+        pytest.skip(f"the quick run serves the policy on vLLM: {exc}")
     root = tmp_path_factory.mktemp("curve")
     work, results = root / "work", root / "results"
     done = run_curve("--quick", "--workdir", str(work), "--results", str(results))
@@ -77,59 +85,118 @@ def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
     assert len(sft["step_s"]) == sft["optimizer_steps"]
     assert 0 < sft["grad_tokens"] < sft["frozen_tokens"]  # the prompt ran without gradient
     tuned = load_file(quick["work"] / "sft" / "model" / "model.safetensors")
-    base = load_file(tiny_model_dir() / "model.safetensors")
+    base = load_file(tiny_vllm_model_dir() / "model.safetensors")
     assert any(not (tuned[k] == base[k]).all() for k in base)
     assert (quick["work"] / "sft" / "model" / "tokenizer.json").exists()
 
 
 @quick_test
+def test_the_tier_is_calibrated_on_training_tasks_at_the_rollout_temperature(quick):
+    calib = metrics(quick, "train-pass")
+    config = learning_curve.PRESETS["quick"]
+    assert calib["summary"]["n_episodes"] == config.n_calib_tasks * config.calib_samples
+    assert calib["summary"]["samples_per_instance"] == config.calib_samples
+    assert calib["temperature"] == config.grpo_temperature
+    assert calib["in_zone"] == (0.2 <= calib["summary"]["pass_at_1"] <= 0.7)
+    assert all("symptom-train" in e["task_id"] for e in calib["episodes"])
+    demonstrated = {e["task_id"] for e in metrics(quick, "demos")["episodes"]}
+    assert not demonstrated & {e["task_id"] for e in calib["episodes"]}
+    assert calib["pass_rate_by_kind"] and all(0 <= r <= 1 for r in
+                                              calib["pass_rate_by_kind"].values())
+
+
+@quick_test
+def test_the_learning_rate_sweep_logs_each_rate_and_the_arms_take_its_pick(quick):
+    sweep = metrics(quick, "lr-sweep")
+    assert [r["learning_rate"] for r in sweep["runs"]] == [1e-4, 1e-3]
+    assert all(len(r["steps"]) == 1 and r["score"] is not None for r in sweep["runs"])
+    assert sweep["pick"] in (1e-4, 1e-3)
+    assert sweep["pick"] == max(sweep["runs"], key=lambda r: r["score"])["learning_rate"]
+    for arm in ("grpo", "grpo-nopenalty", "grpo-flat"):
+        assert metrics(quick, arm)["learning_rate"] == sweep["pick"]
+
+
+@quick_test
 @pytest.mark.parametrize("arm", ["grpo", "grpo-nopenalty", "grpo-flat"])
-def test_each_grpo_arm_runs_pi_rollouts_with_the_trainers_model_and_leaves_a_checkpoint(
+def test_each_grpo_arm_samples_on_the_vllm_server_with_the_trainers_weights_of_each_step(
         quick, arm):
     grpo = metrics(quick, arm)
-    (step,) = grpo["steps"]
-    assert step["step"] == 1 and step["episodes"] == 4  # one group of 4 through Pi
-    assert sum(step["outcomes"].values()) == 4
-    assert step["rollout_s"] > 0 and step["train_s"] is not None
-    assert step["prefix_cache"]["hits"] >= 1  # the group shared its system prompt
-    assert grpo["optimizer_steps"] == 1
-    assert (quick["work"] / arm / "trainer" / "checkpoint-1").is_dir()  # resumable
+    assert [s["step"] for s in grpo["steps"]] == [1, 2]
+    for step in grpo["steps"]:
+        assert step["episodes"] == 4 and sum(step["outcomes"].values()) == 4  # a group of 4
+        assert step["rollout_s"] > 0 and step["train_s"] is not None
+        # the rollouts of step N sampled the weights after N - 1 optimizer steps, synced in
+        assert step["policy_versions"] == [step["step"] - 1]
+        assert step["prefix_cache"] is None  # no in-process engine: the server served them
+        # dynamic sampling: a group with no reward spread drew one more (the budget), and
+        # the counts add up
+        dynamic = step["dynamic_sampling"]
+        assert dynamic["groups"] == 1 and dynamic["extra_draws"] <= 1
+        assert dynamic["kept"] + dynamic["masked"] == 1
+        assert dynamic["dropped_zero_variance"] >= dynamic["masked"]
+    assert grpo["optimizer_steps"] == 2
+    assert grpo["points"] == [{"step": 1}]  # kept along the run for the evaluation
+    assert (quick["work"] / arm / "points" / "step-1" / "model.safetensors").exists()
+    assert (quick["work"] / arm / "trainer" / "checkpoint-2").is_dir()  # resumable
     assert (quick["work"] / arm / "model" / "model.safetensors").exists()
     assert grpo["reward"] == {"grpo": {"tool_penalty": 0.05},
                               "grpo-nopenalty": {"tool_penalty": 0.0},
                               "grpo-flat": {"tool_penalty": 0.05, "penalty": "flat"}}[arm]
-    # dynamic sampling: a group with no reward spread drew one more (the budget), and the
-    # counts add up
-    dynamic = step["dynamic_sampling"]
-    assert dynamic["groups"] == 1 and dynamic["extra_draws"] <= 1
-    assert dynamic["kept"] + dynamic["masked"] == 1
-    assert dynamic["dropped_zero_variance"] >= dynamic["masked"]
 
 
 @quick_test
 @pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo", "grpo-nopenalty", "grpo-flat"])
-def test_each_checkpoint_is_evaluated_on_held_out_tasks(quick, checkpoint):
+def test_each_checkpoint_is_evaluated_on_held_out_tasks_sampled_and_greedy(quick, checkpoint):
     evaluation = metrics(quick, f"eval-{checkpoint}")
+    config = learning_curve.PRESETS["quick"]
     summary = evaluation["summary"]
-    assert summary["n_episodes"] == 2 and sum(summary["outcomes"].values()) == 2
+    assert summary["n_episodes"] == 2 * config.eval_samples
+    assert summary["n_instances"] == 2 and summary["samples_per_instance"] == config.eval_samples
+    assert sum(summary["outcomes"].values()) == summary["n_episodes"]
     low, high = summary["pass_at_1_ci"]
     assert 0 <= low <= summary["pass_at_1"] <= high <= 1
-    assert evaluation["sampling"]["temperature"] == 0
-    heldout = {e["task_id"] for e in evaluation["episodes"]}
-    assert all("heldout" in task_id for task_id in heldout)
+    assert evaluation["sampling"]["temperature"] == config.grpo_temperature
+    greedy = summary["greedy"]
+    assert greedy["n_episodes"] == 2 and greedy["samples_per_instance"] == 1
+    heldout = {e["task_id"] for e in evaluation["episodes"] + greedy["episodes"]}
+    assert len(heldout) == 2 and all("symptom-heldout" in t for t in heldout)
+    assert evaluation["server"]["weight_loads"] >= 1  # the checkpoint's weights went in
+    if checkpoint.startswith("grpo"):  # the point along the run and the final weights
+        assert [p["step"] for p in evaluation["points"]] == [1, 2]
+        assert evaluation["points"][-1]["pass_at_1"] == summary["pass_at_1"]
+        for point in evaluation["points"]:
+            assert 0 <= point["pass_at_1"] <= 1 and 0 <= point["greedy_pass_at_1"] <= 1
+
+
+@quick_test
+def test_one_vllm_server_served_the_run_and_none_of_its_processes_is_left(quick):
+    from harness_gym.engines.vllm_server import _group_alive
+
+    groups = {metrics(quick, f"eval-{c}")["server"]["process_group"]
+              for c in ("base", "sft", "grpo", "grpo-nopenalty", "grpo-flat")}
+    (group,) = groups  # the same server for every evaluation
+    assert group is not None and not _group_alive(group)
+    assert quick["log"].count("vLLM server for") == 1
+    assert quick["log"].count("vLLM server: stopping") == 1
 
 
 @quick_test
 def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(quick):
     results = json.loads((quick["results"] / "learning_curve_quick.json").read_text())
-    assert results["mode"] == "quick" and results["config"]["policy"] == "tiny"
-    assert set(results["stages"]) == {"demos", "sft", "grpo", "grpo-nopenalty", "grpo-flat",
-                                      "eval"}
+    assert results["mode"] == "quick" and results["config"]["policy"] == "tiny-vllm"
+    assert set(results["stages"]) == {"demos", "sft", "train-pass", "lr-sweep", "grpo",
+                                      "grpo-nopenalty", "grpo-flat", "eval"}
     assert set(results["stages"]["eval"]) == {"base", "sft", "grpo", "grpo-nopenalty",
                                               "grpo-flat"}
-    assert "sft_pass_at_1" in results["targets"]
+    assert set(results["times"]) == set(STAGES)
+    assert all(t["wall_s"] > 0 and t["cpu_s"] >= 0 for t in results["times"].values())
+    assert results["calibration"]["sft_train_pass_at_temperature"] == \
+        results["stages"]["train-pass"]["summary"]["pass_at_1"]
+    assert "sft_pass_at_1" in results["targets"] and "flat_shows_the_trap" in results["targets"]
     summary = results["summary"]
-    assert summary["heldout_instances"] == 2 and summary["samples_per_instance"] == 1
+    assert set(summary) == {"heldout_instances", "samples_per_instance", "checkpoints",
+                            "grpo_gain_points", "grpo_gain_ci", "tool_calls_drop_pct"}
+    assert summary["heldout_instances"] == 2 and summary["samples_per_instance"] == 2
     assert set(summary["checkpoints"]) == {"base", "sft", "grpo_gated", "grpo_nopenalty",
                                            "grpo_flat"}
     for name, figures in summary["checkpoints"].items():
@@ -140,11 +207,10 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
         assert figures["pass_at_1"] == evaluated["pass_at_1"]
         assert 0 <= figures["pass_at_1"] <= 1
         assert figures["quit_rate"] is None or 0 <= figures["quit_rate"] <= 1
-    gain = summary["grpo_gain_points"]
-    assert gain == pytest.approx(100 * (summary["checkpoints"]["grpo_gated"]["pass_at_1"]
-                                        - summary["checkpoints"]["sft"]["pass_at_1"]))
     low, high = summary["grpo_gain_ci"]
-    assert low <= gain <= high
+    assert low <= summary["grpo_gain_points"] <= high
+    assert results["paired"]["grpo - sft"]["points"] == summary["grpo_gain_points"]
+    assert results["paired"]["grpo - sft"]["n_instances"] == 2
     assert "tool_calls_drop_pct" in summary
     png = (quick["results"] / "learning_curve_quick.png").read_bytes()
     assert png.startswith(b"\x89PNG")
@@ -167,7 +233,7 @@ def test_a_run_cut_inside_its_stages_resumes_from_their_episodes_and_checkpoints
     stage marked done) is taken up again, not redone."""
     work = quick["work"]
     before = {s: metrics(quick, s) for s in ("sft", "grpo", "eval-grpo")}
-    eval_files = sorted((work / "eval-grpo" / "traces").iterdir())
+    eval_files = {p: p.read_bytes() for p in (work / "eval-grpo").rglob("*.jsonl")}
     for stage in ("sft", "grpo", "eval-grpo"):
         (work / stage / "metrics.json").unlink()
     shutil.rmtree(work / "grpo" / "trainer")  # the kill came before the step's checkpoint
@@ -177,10 +243,11 @@ def test_a_run_cut_inside_its_stages_resumes_from_their_episodes_and_checkpoints
     sft = metrics(quick, "sft")  # resumed from its last checkpoint: no step ran again
     assert sft["optimizer_steps"] == before["sft"]["optimizer_steps"] and sft["step_s"] == []
     assert "grpo step 1 group 0: replayed" in again.stderr  # no episode ran again
-    (step,) = metrics(quick, "grpo")["steps"]
-    assert step["outcomes"] == before["grpo"]["steps"][0]["outcomes"]
+    assert "grpo step 2 group 0: replayed" in again.stderr
+    assert [s["outcomes"] for s in metrics(quick, "grpo")["steps"]] == \
+        [s["outcomes"] for s in before["grpo"]["steps"]]
     assert metrics(quick, "eval-grpo")["episodes"] == before["eval-grpo"]["episodes"]
-    assert sorted((work / "eval-grpo" / "traces").iterdir()) == eval_files  # nothing ran
+    assert {p: p.read_bytes() for p in (work / "eval-grpo").rglob("*.jsonl")} == eval_files
 
 
 def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):

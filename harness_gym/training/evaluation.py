@@ -147,14 +147,16 @@ def run_tasks(
     num_envs: int = 1,
     progress: bool = True,
     resume: bool = False,
+    samples: int = 1,
 ) -> list[dict[str, Any]]:
-    """Each task once through the env described by `config` (its engine, harness, sandbox,
-    sampling), `num_envs` episodes at a time; every episode recorded by `RecordTraces` under
-    `out_dir` (JSON Lines). Returns one dict per episode, in task order: the info fields a
-    summary needs (`EPISODE_FIELDS`).
+    """Each task `samples` times through the env described by `config` (its engine, harness,
+    sandbox, sampling), `num_envs` episodes at a time; every episode recorded by `RecordTraces`
+    under `out_dir` (JSON Lines). Returns one dict per episode, in task order (a task's samples
+    together): the info fields a summary needs (`EPISODE_FIELDS`). Several samples of a task
+    want unseeded sampling (the same seed gives a server the same tokens).
 
     With `resume`, episodes already recorded under `out_dir` (by an earlier call that was cut
-    short) count as done and only the other tasks run, so a killed run loses at most the
+    short) count as done and only the missing samples run, so a killed run loses at most the
     `num_envs` episodes it had in flight."""
     import gymnasium as gym
     from tqdm import tqdm
@@ -163,11 +165,15 @@ def run_tasks(
 
     from ..wrappers import RecordTraces
 
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
     tasks = list(tasks)
-    done = {e["task_id"]: e for e in recorded_episodes(out_dir)} if resume else {}
-    todo = [t for t in tasks if t.instance_id not in done]
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="episodes", unit="ep",
-               disable=not progress)
+    done: dict[str, list[dict[str, Any]]] = {}
+    for e in recorded_episodes(out_dir) if resume else []:
+        done.setdefault(str(e["task_id"]), []).append(e)
+    todo = [t for t in tasks for _ in range(samples - len(done.get(t.instance_id, [])[:samples]))]
+    bar = tqdm(total=len(tasks) * samples, initial=len(tasks) * samples - len(todo),
+               desc="episodes", unit="ep", disable=not progress)
     envs: dict[int, Any] = {}
     try:
         for start in range(0, len(todo), num_envs):
@@ -181,21 +187,21 @@ def run_tasks(
             env.reset(options={"task_ids": [t.instance_id for t in chunk]})
             _, rewards, _, _, infos = env.step(None)
             for i in range(len(chunk)):
-                done[str(infos["task_id"][i])] = {
+                done.setdefault(str(infos["task_id"][i]), []).append({
                     "task_id": str(infos["task_id"][i]), "outcome": str(infos["outcome"][i]),
                     "reward": float(rewards[i]), "n_tool_calls": int(infos["n_tool_calls"][i]),
                     "n_llm_calls": int(infos["n_llm_calls"][i]),
                     "duration_s": float(infos["duration_s"][i]),
                     "error": _text(infos, "error", i),
                     "changed_repo": bool((_text(infos, "patch", i) or "").strip()),
-                }
+                })
             bar.update(len(chunk))
-            bar.set_postfix_str(summary_line(list(done.values())))
+            bar.set_postfix_str(summary_line([e for es in done.values() for e in es]))
     finally:
         bar.close()
         for env in envs.values():
             env.close()
-    return [done[t.instance_id] for t in tasks if t.instance_id in done]
+    return [e for t in tasks for e in done.get(t.instance_id, [])[:samples]]
 
 
 #: The fields of an episode `run_tasks` returns (RecordTraces rows carry them under these names).
