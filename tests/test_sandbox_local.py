@@ -84,6 +84,18 @@ def test_exec_runs_an_argv_without_a_shell_and_feeds_stdin(box: LocalSandbox) ->
     assert box.exec(["printf", "%s", "$HOME"]).stdout == "$HOME"
 
 
+def test_a_command_runs_in_its_cwd_and_getcwd_works_there(box: LocalSandbox) -> None:
+    """Commands join the sandbox's namespaces and then move to their cwd (`env --chdir`, see
+    `_pidns.PidNamespace.prefix`); Codex, which exits when getcwd() fails, is the real check
+    (tests/test_harness_fidelity.py, tests/test_harness_limits.py)."""
+    sub = Path(box.workdir) / "sub"
+    sub.mkdir()
+    probe = ["python3", "-c", "import os; print(os.getcwd())"]
+    assert box.exec(probe).stdout.strip() == str(Path(box.workdir).resolve())
+    assert box.exec(probe, cwd=str(sub)).stdout.strip() == str(sub.resolve())
+    assert box.exec("cd .. && pwd -P", cwd=str(sub)).exit_code == 0
+
+
 def test_a_command_killed_by_a_signal_reports_minus_the_signal(box: LocalSandbox) -> None:
     assert box.exec("kill -9 $$").exit_code == -9
 

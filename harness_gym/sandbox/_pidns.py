@@ -148,12 +148,15 @@ class PidNamespace:
         self._reaper: int | None = None
 
     def prefix(self, cwd: str) -> list[str]:
-        """The argv prefix that runs a command in the namespace, in `cwd` (joining a mount
-        namespace moves a process to its root)."""
+        """The argv prefix that runs a command in the namespace, in `cwd`. Joining a mount
+        namespace moves a process to its root, and nsenter's own `--wd` opens the directory
+        before it joins, leaving a cwd outside the namespace's tree: getcwd() then fails with
+        ENOENT (Codex exits on it). So `env --chdir` moves there from inside."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc, self._reaper = _start(self.method)
-            return ["nsenter", "-t", str(self._reaper), *self.method.enter, f"--wd={cwd}", "--"]
+            return ["nsenter", "-t", str(self._reaper), *self.method.enter, "--",
+                    "env", f"--chdir={cwd}", "--"]
 
     def kill(self) -> None:
         """Kill every process in the namespace; returns once none is left (see module doc)."""
