@@ -480,6 +480,21 @@ def test_the_proxy_records_exactly_the_token_ids_the_vllm_server_sampled(fresh, 
     assert text in engine.tokenizer.decode(served.token_ids)
 
 
+def test_a_stopped_proxy_closes_the_engines_http_client_on_its_loop(fresh, engines):
+    """The proxy's event loop ends when it stops; the engine's client there (its connection
+    pool belongs to that loop) is closed first, not left for aiohttp to warn about at exit."""
+    a, b = fresh
+    engine = engines([a.url, b.url], tokenizer="tiny")
+    with InterceptionProxy(engine) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 4, "seed": 1})
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=session.session_id, max_retries=0)
+        client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "say hi"}])
+        [opened] = engine._clients.values()
+        assert not opened.closed
+    assert opened.closed and not engine._clients
+
+
 def test_with_one_server_dead_every_sessions_calls_succeed(fresh, engines):
     a, b = fresh
     engine = engines([a.url, b.url], tokenizer="tiny", health_period_s=0.05)

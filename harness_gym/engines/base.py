@@ -191,6 +191,10 @@ class Engine(abc.ABC):
         # Closing may block (a worker thread finishing its step): never on the event loop.
         await asyncio.to_thread(self.close)
 
+    async def release_loop(self) -> None:
+        """Called on an event loop that is about to end (the proxy's, when it stops): release
+        what the engine opened on that loop (an HTTP client's connections belong to it)."""
+
     def __deepcopy__(self, memo: dict) -> Engine:
         # An engine is a shared service (weights, worker threads), not a value: gymnasium
         # deep-copies `make` kwargs when it re-creates an env from its spec, and that copy must

@@ -331,6 +331,11 @@ class VLLMEngine(Engine):
             self._clients[loop] = client
         return client
 
+    async def release_loop(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()  # else aiohttp warns of an unclosed connector at exit
+
     def close(self) -> None:
         """Stop the health checks and close the HTTP clients, each on the event loop that
         opened it (an `AsyncClient`'s connections belong to their loop). A client whose loop

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,11 @@ class VLLMServer:
             while _group_alive(group):
                 time.sleep(0.05)
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server's live processes have used so far (0 before it starts; a
+        stopped server's processes are gone, and so is their count)."""
+        return group_cpu_seconds(self.group) if self.group is not None else 0.0
+
     def __enter__(self) -> VLLMServer:
         return self.start()
 
@@ -219,18 +224,30 @@ def _signal_group(group: int, sig: signal.Signals) -> None:
         pass
 
 
-def _group_alive(group: int) -> bool:
-    """Whether any process of the group is left that is not a zombie waiting for its reaper."""
+def _group_stats(group: int) -> Iterator[list[str]]:
+    """The /proc stat fields after the command name (state, ppid, pgrp, ...) of each process of
+    process group `group`."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":  # fields: state, ppid, pgrp
-            return True
-    return False
+            continue  # it exited while we looked
+        if int(fields[2]) == group:
+            yield fields
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left that is not a zombie waiting for its reaper."""
+    return any(fields[0] != "Z" for fields in _group_stats(group))
+
+
+def group_cpu_seconds(group: int) -> float:
+    """User + system CPU seconds of every live process of process group `group` and of the
+    children they reaped (utime, stime, cutime, cstime: fields [11:15])."""
+    ticks = sum(sum(int(x) for x in fields[11:15]) for fields in _group_stats(group))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def resolve_model_dir(name: str) -> Path:

@@ -156,7 +156,12 @@ class InterceptionProxy:
         while not self._server.started and not serve.done():
             await asyncio.sleep(0.005)
         started.set()
-        await serve
+        try:
+            await serve
+        finally:  # the engine's resources on this loop (its HTTP client) go before the loop
+            release = getattr(self.engine, "release_loop", None)
+            if release is not None:
+                await release()
 
     def open_session(
         self,

@@ -1,0 +1,152 @@
+"""The learning curve's configuration: its fields, the presets, the GRPO arms and the stages."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+# GRPO arms, all from the SFT checkpoint with the same budget: `grpo` is the test-gated tool
+# penalty (the default reward), `grpo-nopenalty` has lambda = 0, `grpo-flat` the flat penalty
+# (`RewardConfig(penalty="flat")`, the quitting trap). `grpo_arms` picks which run.
+ARMS = {"gated": "grpo", "nopenalty": "grpo-nopenalty", "flat": "grpo-flat"}
+
+
+STAGES = ("demos", "sft", "train-pass", "lr-sweep", *ARMS.values(), "eval-base", "eval-sft",
+          *(f"eval-{stage}" for stage in ARMS.values()))
+
+
+# The results' `summary` names each checkpoint by its arm.
+SUMMARY_NAMES = {"base": "base", "sft": "sft", "grpo": "grpo_gated",
+                 "grpo-nopenalty": "grpo_nopenalty", "grpo-flat": "grpo_flat"}
+
+
+# The learnable zone: the SFT policy's pass rate at the rollout temperature on training tasks.
+ZONE = (0.20, 0.70)
+
+
+BUDGET_S = 10 * 3600  # the issue's budget for the whole experiment on this machine
+
+
+@dataclass(frozen=True)
+class CurveConfig:
+    """Every size, rate and sampling setting of a run (recorded whole in the results)."""
+
+    mode: str
+    policy: str  # "tiny", "tiny-vllm", "smollm2" or a model directory
+    teacher: str  # the teacher engine spec
+    harness: str = "pi"
+    sandbox: str | None = None  # None: the env's default (bwrap where it works)
+    engine: str = "vllm"  # "vllm": one vLLM CPU server for the run; "inprocess"
+    vllm_max_model_len: int = 8192
+    vllm_kv_cache_gib: int = 2
+    # the tier and its difficulty knobs
+    train_suite: str = "family-symptom:train"
+    heldout_suite: str = "family-symptom:heldout"
+    task_kinds: str = ""  # comma-separated bug kinds GRPO trains on; "" all
+    n_demo_tasks: int = 4
+    n_heldout: int = 2
+    concurrent_episodes: int = 8
+    episode_timeout_s: float = 240.0
+    max_tokens: int = 24  # per model call of the policy
+    demo_max_tokens: int = 1024  # per model call of the teacher (its turns are never cut)
+    # SFT
+    sft_epochs: float = 1.0
+    sft_learning_rate: float = 1e-3
+    sft_grad_accum: int = 1
+    sft_max_length: int = 8192
+    sft_save_steps: int = 5  # optimizer steps between resumable checkpoints
+    # calibration of the tier: the SFT policy on training tasks at the rollout temperature
+    n_calib_tasks: int = 2
+    calib_samples: int = 2
+    # the learning-rate sweep (gated reward); "" none
+    lr_sweep: str = ""
+    lr_sweep_steps: int = 2
+    # GRPO
+    grpo_steps: int = 1
+    grpo_group_size: int = 4
+    grpo_groups_per_step: int = 1
+    grpo_learning_rate: float = 1e-4  # 0: the sweep's pick
+    grpo_temperature: float = 1.0  # the rollout temperature (evaluation samples use it too)
+    grpo_save_steps: int = 1
+    grpo_eval_every: int = 0  # keep the weights every N steps as an evaluated point; 0 none
+    grpo_arms: str = "gated"  # comma-separated, of ARMS
+    grpo_dynamic_draws: int = 0  # dynamic sampling: extra groups per zero-variance batch; 0 off
+    tool_penalty: float = 0.05
+    # evaluation: eval_samples episodes per instance at grpo_temperature, plus one greedy
+    eval_samples: int = 2
+    point_samples: int = 0  # samples per instance at a point along a GRPO run; 0: eval_samples
+    seed: int = 0
+
+
+PRESETS: dict[str, CurveConfig] = {
+    # The tiny random model on a real vLLM server: proves every stage runs and computes its
+    # metrics (two GRPO steps per arm, so each arm has a point along its run).
+    "quick": CurveConfig(mode="quick", policy="tiny-vllm", teacher="teacher:tiny,score=0",
+                         vllm_kv_cache_gib=1, sft_save_steps=2,
+                         lr_sweep="1e-4,1e-3", lr_sweep_steps=1, grpo_learning_rate=0.0,
+                         grpo_steps=2, grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
+                         grpo_dynamic_draws=1),
+    # SmolLM2 with a handful of each unit: the per-unit times that size the full run.
+    # (Half an SFT epoch, one arm, one swept rate, one step each: the arms cost alike per
+    # episode; it times the units on a machine shared by six, the full run calibrates the tier.)
+    "calibrate": CurveConfig(
+        mode="calibrate", policy="smollm2", teacher="teacher:smollm2,churn=0.6",
+        n_demo_tasks=8, n_heldout=2, max_tokens=192, episode_timeout_s=600, sft_epochs=0.5,
+        sft_learning_rate=1e-4, n_calib_tasks=4, calib_samples=2, lr_sweep="1e-5",
+        lr_sweep_steps=1, grpo_learning_rate=0.0, grpo_steps=1, grpo_temperature=0.8,
+        grpo_arms="gated", grpo_dynamic_draws=1, eval_samples=2),
+    # The full run, sized from the calibration (its results' `plan`) to the issue's floors: 30
+    # GRPO steps per arm of one group of 4 (dynamic sampling refills up to 2 more), 50
+    # held-out instances x 4 samples plus greedy per checkpoint, one point mid-run per arm
+    # (1 sample plus greedy); the rest of the 10 h goes to SFT data.
+    "full": CurveConfig(
+        mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
+        vllm_kv_cache_gib=3,
+        n_heldout=50, max_tokens=192, episode_timeout_s=900,
+        sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
+        n_calib_tasks=24, calib_samples=2, lr_sweep="5e-6,2e-5", lr_sweep_steps=3,
+        grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=1,
+        grpo_temperature=0.8, grpo_eval_every=15, tool_penalty=0.05,
+        grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2, eval_samples=4,
+        point_samples=1),
+}
+
+
+def arm_stages(config: CurveConfig) -> list[str]:
+    """The GRPO stages `config.grpo_arms` names, in ARMS order."""
+    arms = [a.strip() for a in config.grpo_arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise SystemExit(f"grpo_arms={config.grpo_arms!r}: a comma-separated subset of "
+                         f"{', '.join(ARMS)}")
+    return [stage for arm, stage in ARMS.items() if arm in arms]
+
+
+def arm_reward(stage: str, tool_penalty: float) -> dict[str, Any]:
+    """The `RewardConfig` fields of a GRPO arm (the held-out evaluations score all alike)."""
+    if stage == ARMS["nopenalty"]:
+        return {"tool_penalty": 0.0}
+    if stage == ARMS["flat"]:
+        return {"tool_penalty": tool_penalty, "penalty": "flat"}
+    return {"tool_penalty": tool_penalty}
+
+
+def wanted(stages: list[str], config: CurveConfig) -> list[str]:
+    """`stages` less the GRPO arms (and their evaluations) the configuration does not run."""
+    arms = arm_stages(config)
+    skipped = {s for s in ARMS.values() if s not in arms}
+    return [s for s in stages if s not in skipped and s.removeprefix("eval-") not in skipped]
+
+
+def parse_overrides(pairs: list[str], config: CurveConfig) -> CurveConfig:
+    fields = {f.name: f for f in dataclasses.fields(CurveConfig)}
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(f"--set takes KEY=VALUE with KEY one of {', '.join(fields)}")
+        current = getattr(config, key)
+        changes[key] = (None if value == "none" else
+                        type(current)(value) if current is not None else value)
+    return dataclasses.replace(config, **changes)
