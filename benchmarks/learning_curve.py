@@ -73,22 +73,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from curve.config import (  # noqa: F401  (the config's names: the tests read them here)
+from curve.config import (
     ARMS,
     PRESETS,
     STAGES,
     ZONE,
     CurveConfig,
     arm_reward,
-    arm_stages,
+    arm_stages,  # noqa: F401  (tests/test_learning_curve.py reads it here)
     parse_overrides,
     wanted,
 )
-from curve.journal import (  # noqa: F401
+from curve.journal import (
     JournaledRollout,
     PointSaver,
     StepTimer,
-    dynamic_totals,
     last_checkpoint,
     points_of,
 )

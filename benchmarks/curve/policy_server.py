@@ -75,7 +75,7 @@ class PolicyServer:
         """CPU time of the server's processes so far (0 before it starts). A stopped server's
         count is kept: later stages start from it, so their difference stays theirs."""
         server = getattr(self.engine, "owned_server", None)
-        if server is not None and server.group is not None:
+        if server is not None:
             self._cpu = server.cpu_seconds()
         return self._cpu
 
