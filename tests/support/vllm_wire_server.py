@@ -131,6 +131,7 @@ class VLLMWireServer:
         self.control: list[tuple[str, Any]] = []  # dev-mode calls: (path, JSON body or None)
         self.dead = False
         self.overloaded = False
+        self.health_delay_s = 0.0  # a busy server: /health answers late
         self.fail_after_tokens: int | None = None
         self.weight_version = "default"
         self.paused: str | None = None  # the pause mode while paused
@@ -173,6 +174,7 @@ class VLLMWireServer:
         self.served.clear()
         self.control.clear()
         self.dead = self.overloaded = False
+        self.health_delay_s = 0.0
         self.fail_after_tokens = self.hold_after_tokens = None
         self.weight_version = "default"
         self.paused = None
@@ -195,6 +197,7 @@ class VLLMWireServer:
     # -- OpenAI-compatible routes ---------------------------------------------------------
 
     async def _health(self, _: Request) -> Response:
+        await asyncio.sleep(self.health_delay_s)
         return Response(status_code=503 if self.dead else 200)
 
     async def _models(self, _: Request) -> JSONResponse:
