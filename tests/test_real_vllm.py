@@ -11,6 +11,7 @@ errors as each client's own, aborts reaching the server, weights synced into it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -458,31 +459,42 @@ def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_
 
 
 class StreamWatch:
-    """Counts the calls of an engine that are mid-generation now (a first token streamed, not
-    ended; the engine's own `stream`, wrapped on the instance), so a test can act then."""
+    """Which sessions (routing keys) have a call of an engine mid-generation now (a first token
+    streamed, not ended; the engine's own `stream`, wrapped on the instance), so a test can act
+    then. The proxies' loops run on threads of their own: the count is kept under a lock."""
 
     def __init__(self, engine) -> None:
-        self.streaming = 0
+        self._streaming: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
         inner = engine.stream
 
-        async def stream(*args):
+        async def stream(prompt, sampling, context):
             counted = False
             try:
-                async with contextlib.aclosing(inner(*args)) as chunks:
+                async with contextlib.aclosing(inner(prompt, sampling, context)) as chunks:
                     async for chunk in chunks:
                         if not counted and chunk.token_ids:
-                            counted, self.streaming = True, self.streaming + 1
+                            counted = True
+                            with self._lock:
+                                self._streaming[context.routing_key] += 1
                         yield chunk
             finally:
-                self.streaming -= counted
+                if counted:
+                    with self._lock:
+                        self._streaming[context.routing_key] -= 1
 
         engine.stream = stream
 
-    def wait_for(self, n: int, timeout_s: float) -> None:
+    def sessions(self) -> set[str]:
+        with self._lock:
+            return {key for key, n in self._streaming.items() if n > 0}
+
+    def wait_for(self, session: str, others: int, timeout_s: float) -> None:
+        """Until `session` and `others` other sessions have a call mid-generation at once."""
         deadline = time.monotonic() + timeout_s
-        while self.streaming < n:
-            assert time.monotonic() < deadline, f"{self.streaming} of {n} calls streaming"
-            time.sleep(0.05)
+        while not (session in (now := self.sessions()) and len(now) > others):
+            assert time.monotonic() < deadline, f"streaming: {now}; waited for {session} + {others}"
+            time.sleep(0.02)
 
 
 def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
@@ -528,7 +540,7 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
             streaming = threading.Thread(target=chat)
             episode.start()
             streaming.start()
-            watch.wait_for(2, timeout_s=180)  # both mid-generation at once
+            watch.wait_for(session.session_id, others=1, timeout_s=180)  # and the episode's
             os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
             second.process.wait(30)
             streaming.join(60)
@@ -627,9 +639,11 @@ def test_a_raw_logprobs_server_from_the_cli_is_detected_refused_in_one_line_and_
 
 def test_closing_the_engine_stops_its_server_with_nothing_left(engine):
     server = engine.owned_server
-    group, url = server.pid, server.url
+    group, url, rpc = server.pid, server.url, server.runtime_dir
     assert _group_alive(group)
+    assert any(p.is_socket() for p in rpc.iterdir())  # vLLM's IPC sockets: here, not in /tmp
     engine.close()
     assert not _group_alive(group) and not server.log_path.exists()  # its temp log went too
+    assert not rpc.exists()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")

@@ -21,6 +21,7 @@ server that exits while loading raises `VLLMServerError` with the log's last lin
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +91,9 @@ class VLLMServer:
         self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
                     **(env or {})}
+        #: Where the running server's ZMQ IPC sockets go (`VLLM_RPC_BASE_PATH`, unless `env`
+        #: names one), not loose in /tmp, where vLLM never removes them; `stop()` removes it.
+        self.runtime_dir: Path | None = None
         #: A log this server made up is removed by a clean `stop()` (kept when it failed).
         self._own_log = log_path is None
         if log_path is None:
@@ -108,9 +112,11 @@ class VLLMServer:
         if self.process is not None:
             return self
         started = time.monotonic()
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
+        env = {"VLLM_RPC_BASE_PATH": str(self.runtime_dir), **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.group = self.process.pid
         try:
@@ -165,8 +171,14 @@ class VLLMServer:
         process, self.process = self.process, None
         if self._own_log:
             self.log_path.unlink(missing_ok=True)  # its lines stay readable to the process
-        if process is None:
-            return
+        try:
+            if process is not None:
+                self._stop_group(process, timeout_s)
+        finally:
+            if self.runtime_dir is not None:
+                shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+    def _stop_group(self, process: subprocess.Popen[bytes], timeout_s: float) -> None:
         group = process.pid  # start_new_session: the group id is the leader's pid
         _signal_group(group, signal.SIGTERM)
         try:
