@@ -2,14 +2,16 @@
 
     python benchmarks/mining.py [--sandbox bwrap] [--n 20] [--only pypi:toolz==0.12.1]
 
-Sources: bug injection into two registry packages (`--pypi`) and two real histories, made from
-each package's own releases (`release_history`, one commit per release) and mined with
-`--git`. Each source is mined with `make_tasks(n=N)` into a scratch directory, then every kept
-task runs as an episode `gym.make("HarnessSWE-v0", tasks=DIR, engine=E, harness="pi")` for E in
-`oracle` and `oracle:noop`. Sdists, envs and suite runs are cached (`$HARNESS_GYM_CACHE`), so a
-second run only validates and plays the episodes again. Writes
-benchmarks/results/mining_<sandbox>.json (or `--results NAME`): per source the mining summary (candidates, kept,
-rejected by reason, split, difficulty levels) and the episode outcomes.
+Sources: bug injection into two registry packages (`--pypi`) and real histories made from
+each package's own releases (`release_history`, one commit per release: a list of versions, or
+every final release the registry lists in a range, `registry_versions`), mined with `--git`.
+Each source is mined by the command itself, `harness-gym tasks make --pypi X==V | --git REPO
+--n N --out DIR --sandbox S`, then every kept task runs as an episode
+`gym.make("HarnessSWE-v0", tasks=DIR, engine=E, harness="pi")` for E in `oracle` and
+`oracle:noop`. Sdists, envs and suite runs are cached (`$HARNESS_GYM_CACHE`), so a second run
+only validates and plays the episodes again. Writes benchmarks/results/mining_<sandbox>.json
+(or `--results NAME`): per source the mining summary (candidates, kept, rejected by reason,
+split, difficulty levels), the history's releases, the episode outcomes and wall times.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ import json
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
 import gymnasium as gym
 from harness_gym.tasks import load_tasks
-from harness_gym.tasks.mine import make_tasks
-from harness_gym.tasks.mine.releases import release_history
+from harness_gym.tasks.mine.make import SUMMARY_FILE
+from harness_gym.tasks.mine.history import git
+from harness_gym.tasks.mine.releases import registry_versions, release_history
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
+from harness_gym.cli import main as cli_main
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SOURCES = {
@@ -36,12 +39,17 @@ SOURCES = {
     "git:inflection": ["0.1.2", "0.2.0", "0.2.1", "0.3.0", "0.3.1", "0.4.0", "0.5.0", "0.5.1"],
     # older toolz sdists do not build their metadata on Python 3.11, so pip cannot fetch them
     "git:toolz": ["0.9.0", "0.10.0", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.12.1"],
+    # every release in the range (small releases that ship their tests in the sdist)
+    "git:cachetools": ("1.0.0", "8.0.2"),
+    "git:parse": ("1.6.0", "1.22.4"),
 }
 
 
-def _episodes(directory: Path, sandbox: str) -> dict[str, dict[str, int]]:
+def _episodes(directory: Path, sandbox: str) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Outcome counts per engine, and each episode that did not end as it should."""
     outcomes: dict[str, dict[str, int]] = {}
-    for engine in ("oracle", "oracle:noop"):
+    unexpected: list[str] = []
+    for engine, wanted in (("oracle", "passed"), ("oracle:noop", "failed")):
         counts: Counter[str] = Counter()
         for task in load_tasks(directory):
             env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi",
@@ -50,29 +58,47 @@ def _episodes(directory: Path, sandbox: str) -> dict[str, dict[str, int]]:
                 env.reset(options={"task_id": task.instance_id})
                 _, _, _, _, info = env.step({})
                 counts[str(info["outcome"])] += 1
+                if info["outcome"] != wanted:
+                    unexpected.append(f"{engine} {task.instance_id}: {info['outcome']} "
+                                      f"{str(info.get('error'))[:200]}")  # fmt: skip
             finally:
                 env.close()
         outcomes[engine] = dict(counts)
-    return outcomes
+    return outcomes, unexpected
+
+
+def _history(name: str, spec: object, dest: Path) -> tuple[Path, dict[str, object]]:
+    """`name`'s releases as a git repository, and what it holds."""
+    started = time.monotonic()
+    if isinstance(spec, tuple):  # a range: every final release the registry lists in it
+        versions = registry_versions(name, since=spec[0], until=spec[1])
+    else:
+        versions = list(spec or [])
+    repo = release_history(name, versions, dest, skip_missing=True)
+    return repo, {"releases": len(versions), "first": versions[0], "last": versions[-1],
+                  "commits": len(git(repo, "rev-list", "HEAD").split()),
+                  "history_wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
 
 
 def _mine(source: str, n: int, sandbox: str, scratch: Path) -> dict[str, object]:
     kind, _, what = source.partition(":")
     out = scratch / source.replace(":", "-").replace("=", "")
+    history: dict[str, object] = {}
+    if kind == "git":
+        repo, history = _history(what, SOURCES[source], scratch / "repos" / what)
     started = time.monotonic()
-    if kind == "pypi":
-        summary = make_tasks(pypi=what, n=n, out=out, sandbox=sandbox)
-    else:
-        repo = release_history(what, SOURCES[source] or [], scratch / "repos" / what)
-        summary = make_tasks(git=repo, n=n, out=out, sandbox=sandbox)
+    source_args = ["--pypi", what] if kind == "pypi" else ["--git", str(repo)]
+    cli_main(["tasks", "make", *source_args, "--n", str(n), "--out", str(out), "--sandbox",
+              sandbox])  # fmt: skip
     mined_s = time.monotonic() - started
-    kept = load_tasks(out) if summary.kept else []
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    kept = load_tasks(out) if summary["kept"] else []
     levels = Counter(t.extra["mine"]["difficulty"]["level"] for t in kept)
     started = time.monotonic()
-    episodes = _episodes(out, sandbox) if kept else {}
-    row = {**asdict(summary), "source": source}
-    return {"summary": {k: v for k, v in row.items() if k != "out"},
-            "difficulty": dict(levels), "episodes_pi": episodes,
+    episodes, unexpected = _episodes(out, sandbox) if kept else ({}, [])
+    row = {**summary, "source": source}
+    return {"summary": {k: v for k, v in row.items() if k != "out"}, **history,
+            "difficulty": dict(levels), "episodes_pi": episodes, "unexpected": unexpected,
             "mine_wall_s": round(mined_s, 1),
             "episodes_wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
 
