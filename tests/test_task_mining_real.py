@@ -15,7 +15,8 @@ from harness_gym.tasks import load_tasks
 from harness_gym.tasks.mine import make_tasks
 from harness_gym.tasks.mine.candidate import leaks
 from harness_gym.tasks.mine.pypi import SdistError
-from harness_gym.tasks.mine.releases import release_history
+from harness_gym.tasks.mine.history import git
+from harness_gym.tasks.mine.releases import registry_versions, release_history
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 
@@ -33,6 +34,30 @@ def releases_tasks(tmp_path_factory) -> Path:
     summary = make_tasks(git=repo, n=5, out=out, progress=False)
     assert summary.kept == 2, summary
     return out
+
+
+def test_the_registry_lists_a_packages_final_releases_in_a_range_oldest_first():
+    try:
+        everything = registry_versions("inflection")
+    except SdistError as error:
+        pytest.skip(f"the registry is not reachable: {error}")
+    assert everything[:5] == ["0.1.1", "0.1.2", "0.2.0", "0.2.1", "0.3.0"]
+    assert registry_versions("inflection", since="0.2.1", until="0.3.1") == RELEASES
+    with pytest.raises(SdistError, match="the registry lists no release of"):
+        registry_versions("harness-gym-no-such-package-7f3c")
+
+
+def test_a_release_pip_cannot_fetch_is_left_out_only_when_asked_and_named_by_the_next(tmp_path):
+    versions = ["0.2.1", "0.2.99", "0.3.0"]  # 0.2.99 was never released
+    with pytest.raises(SdistError):
+        release_history("inflection", versions, tmp_path / "strict")
+    repo = release_history("inflection", versions, tmp_path / "lenient", skip_missing=True)
+    subjects = git(repo, "log", "--format=%s").splitlines()
+    assert subjects == ["inflection 0.3.0 (also 0.2.99: no sdist pip can fetch)",
+                        "inflection 0.2.1"]
+    assert "def tableize" in (repo / "inflection.py").read_text()  # 0.3.0's code
+    with pytest.raises(ValueError, match="at least two releases, inflection has 1"):
+        release_history("inflection", ["0.2.99", "0.3.0"], tmp_path / "one", skip_missing=True)
 
 
 def test_a_release_history_yields_its_real_fixes_with_the_changelog_as_statement(releases_tasks):
