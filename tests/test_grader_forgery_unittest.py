@@ -129,7 +129,8 @@ def clamp(x, low, high):
     return max(low, x)
 '''
 
-# The F2P test's own assertion, replaced on its instance.
+# The test's assertion method, replaced on its instance (it reaches the calls after this one;
+# refused whatever it reaches).
 SHADOW_THE_ASSERTION = '''
 import sys
 def clamp(x, low, high):
@@ -249,8 +250,7 @@ def test_an_honest_unittest_suite_is_graded_on_its_merits(
     assert result.reason is None
 
 
-@pytest.mark.parametrize("attack", ["result-called-by-hand", "result-method-shadowed",
-                                    "assertion-shadowed"])
+@pytest.mark.parametrize("attack", ["result-called-by-hand", "result-method-shadowed"])
 def test_the_forging_attacks_pass_plain_unittest(tmp_path: Path, attack: str) -> None:
     """The payloads are real: under plain `python -m unittest` (no grader) each makes the
     unfixed task's run report success (exit 0, "OK")."""
