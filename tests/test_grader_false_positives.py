@@ -108,7 +108,9 @@ def _plugin_dir(scratch: Path) -> Path:
     return where
 
 
-INSTALLED = "/opt/harness-gym-test-plugins"  # read-only in the sandbox: as an install would be
+# Read-only in the sandbox, as an install would be; outside /opt and /usr, where bwrap shows the
+# host's own dirs and makes no mount point (its ro_mounts leave such targets out).
+INSTALLED = "/harness-gym-test-plugins"
 
 
 def _cases(scratch: Path) -> dict[str, tuple[Task, list[Agent], dict]]:
@@ -121,8 +123,10 @@ def _cases(scratch: Path) -> dict[str, tuple[Task, list[Agent], dict]]:
                          "tests/test_zz_profile_check.py": PROFILE_CHECK}, scratch / "traced")
     installed = {"ro_mounts": {str(_plugin_dir(scratch)): INSTALLED},
                  "env": {**PATH_ENV, "PYTHONPATH": INSTALLED}}  # fmt: skip
-    writable = {"env": {**PATH_ENV, "PYTHONPATH": "/tmp/agent-plugins"}}
-    plant = "mkdir -p /tmp/agent-plugins && cat > /tmp/agent-plugins/late_rerun.py"
+    # Beside the work tree, writable and kept between commands (bwrap's /tmp is per command);
+    # relative, as the sandbox's root differs per backend: the tests run in the work tree.
+    writable = {"env": {**PATH_ENV, "PYTHONPATH": "../agent-plugins"}}
+    plant = "mkdir -p ../agent-plugins && cat > ../agent-plugins/late_rerun.py"
 
     def shell_in(command: str, text: str) -> Agent:
         def move(sandbox) -> None:
