@@ -492,7 +492,6 @@ def origin_problems(
     return problems
 
 
-
 def tracer_problems(report: RunnerReport, prepared: Prepared) -> list[str]:
     """Trace or profile functions the code under test defined or installed (a tracer can make a
     test jump over its assertions); those of test files, conftests and installed tools

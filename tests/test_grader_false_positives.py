@@ -115,10 +115,11 @@ INSTALLED = "/harness-gym-test-plugins"
 
 def _cases(scratch: Path) -> dict[str, tuple[Task, list[Agent], dict]]:
     """name -> (task, the agent's moves, extra spec fields)."""
-    rerun = _task_with({"tests/conftest.py": CONFTEST + RERUN_HOOK, "tests/test_flaky.py": FLAKY_TEST},
-                       scratch / "rerun")  # fmt: skip
-    late = _task_with({"tests/conftest.py": CONFTEST + f"\npytest_plugins = [{LATE_PLUGIN_NAME!r}]\n",
-                       "tests/test_flaky.py": FLAKY_TEST}, scratch / "late")  # fmt: skip
+    rerun = _task_with({"tests/conftest.py": CONFTEST + RERUN_HOOK,
+                        "tests/test_flaky.py": FLAKY_TEST}, scratch / "rerun")  # fmt: skip
+    names_the_plugin = CONFTEST + f"\npytest_plugins = [{LATE_PLUGIN_NAME!r}]\n"
+    late = _task_with({"tests/conftest.py": names_the_plugin, "tests/test_flaky.py": FLAKY_TEST},
+                      scratch / "late")  # fmt: skip
     traced = _task_with({"tests/test_a_profiled.py": PROFILED_TEST,  # runs first, checked last
                          "tests/test_zz_profile_check.py": PROFILE_CHECK}, scratch / "traced")
     installed = {"ro_mounts": {str(_plugin_dir(scratch)): INSTALLED},

@@ -366,7 +366,7 @@ def test_on_local_the_in_process_forgeries_are_caught(tmp_path: Path) -> None:
                 assert f"PASSED {F2P}" in result.test_output
             elif name == "child-reads-memory":
                 # A limit of `local`, measured: as root the child keeps CAP_SYS_PTRACE (no user
-                # namespace), which PR_SET_DUMPABLE does not stop; the runner's memory is open to it.
+                # namespace), which PR_SET_DUMPABLE does not stop; the runner's memory is open.
                 said = [x for x in result.test_output.splitlines() if "CHILD-READ" in x]
                 opened = os.geteuid() == 0
                 assert said and ("CHILD-READ: opened" in said[-1]) == opened, said

@@ -175,7 +175,8 @@ sys.settrace(_tracer)
 # code, whether it sits on the fix, expected reason, what the error says
 ATTACKS = {
     "closure-walk": (CLOSURE_WALK + BUGGY, "tests_failed", ""),
-    "defaults-read": (READ_THE_DEFAULTS + FIXED, "tampered", "__kwdefaults__ of a grader hook read"),
+    "defaults-read": (READ_THE_DEFAULTS + FIXED, "tampered",
+                      "__kwdefaults__ of a grader hook read"),
     "result-called-by-hand": (CALL_THE_RESULT, "tampered", "not by unittest"),
     "result-method-shadowed": (SHADOW_WITH_A_METHOD, "tampered", "replaced on the instance"),
     "nested-fake-run": (NESTED_FAKE_RUN, "tampered", "started while"),
@@ -198,7 +199,8 @@ def nested_run():
     class Inner(unittest.TestCase):
         def test_high(self):
             self.fail("an inner test of the same name fails")
-    return unittest.TextTestRunner(stream=io.StringIO()).run(unittest.TestSuite([Inner("test_high")]))
+    suite = unittest.TestSuite([Inner("test_high")])
+    return unittest.TextTestRunner(stream=io.StringIO()).run(suite)
 
 _INNER = []
 _real = clamp

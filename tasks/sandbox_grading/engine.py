@@ -154,8 +154,9 @@ def _labels(changed):
     )
 
 
-def _stack_problem(trusted, entry, main, pid, skip, name=None, args=(), _get_ident=_get_ident,
-                   _getpid=_getpid, _getframe=_getframe, _len=len, _tuple=tuple, _id=id):  # fmt: skip
+def _stack_problem(trusted, entry, main, pid, skip, name=None, args=(),
+                   _get_ident=_get_ident, _getpid=_getpid, _getframe=_getframe, _len=len,
+                   _tuple=tuple, _id=id):  # fmt: skip
     """Why the hook function that sent the current event was not called by the runner, or None
     (see the module doc): pytest's check, the whole stack. `name` and `args` (the event) are
     for other checks (`unittest_hooks.py` has its own). Bound like `_restore`."""

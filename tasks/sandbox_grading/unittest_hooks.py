@@ -104,7 +104,8 @@ class _Run(object):
     def hookfile(self, path):
         if path not in self.hookfiles:
             self.hookfiles.add(path)
-            self.channel.record("hookfile", hook="unittest result", file=describe(path, self.workdir))
+            self.channel.record("hookfile", hook="unittest result",
+                                file=describe(path, self.workdir))
 
     def ours(self, result):
         """Whether `result` is the open run's; a changed one is reported."""

@@ -20,7 +20,9 @@ from pathlib import Path
 PROBE = Path(__file__).with_name("caps_probe_script.py")
 
 
-def run_probe(names: str, *, as_user: bool, extra: tuple[str, ...] = (), timeout: int = 600) -> dict:
+def run_probe(
+    names: str, *, as_user: bool, extra: tuple[str, ...] = (), timeout: int = 600
+) -> dict:
     """`names`: backends, comma-separated (bwrap, local, docker). {"unavailable": why} when no
     throwaway user can be made; raises RuntimeError when the probe itself fails."""
     script = PROBE.read_text()

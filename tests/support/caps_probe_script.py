@@ -1,12 +1,19 @@
 """Run by `caps_probe.run_probe` in a fresh interpreter (see there): prints `RESULT <json>`."""
 
-import json, os, sys, time, uuid, warnings
-warnings.simplefilter("ignore")
+import json
+import os
+import sys
+import time
+import uuid
+import warnings
+
 from harness_gym.sandbox import local as local_module
 from harness_gym.sandbox.base import SandboxLimits, SandboxSpec
 from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
 from harness_gym.sandbox.caps import UncappedSandboxError, require_caps
 from harness_gym.sandbox.local import LocalSandboxBackend
+
+warnings.simplefilter("ignore")  # `local` warns that it does not isolate, once per backend
 
 FORK = (
     "import os, time\nn = 0\nfor _ in range(300):\n    try:\n        pid = os.fork()\n"
@@ -16,7 +23,8 @@ FORK = (
 MEMORY = "python3 -c 'b = bytearray(2**30); print(len(b))' 2>&1 | tail -1; echo rc=${PIPESTATUS[0]}"
 # The output is printed once the file is gone: docker keeps a command's output under the
 # capped /sandbox, which the file has just filled.
-DISK = "head -c 134217728 /dev/zero > big 2>/dev/null; r=$?; s=$(stat -c %s big); rm -f big; echo rc=$r; echo $s"
+DISK = ("head -c 134217728 /dev/zero > big 2>/dev/null; r=$?; s=$(stat -c %s big); rm -f big; "
+        "echo rc=$r; echo $s")
 limits = SandboxLimits(pids=64, memory_bytes=512 * 2**20, disk_bytes=64 * 2**20)
 
 def alive(mark):
