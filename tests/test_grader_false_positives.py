@@ -84,6 +84,11 @@ def test_the_profile_function_found_nothing():
     assert cells == [[]], cells
 '''
 
+# Added by the task's test patch, so not judged (not in FAIL_TO_PASS or PASS_TO_PASS): asserted
+# below, as the grade passes whatever they say.
+PROFILE_TESTS = ("tests/test_a_profiled.py::test_a_profile_function_sees_no_grader_state",
+                 "tests/test_zz_profile_check.py::test_the_profile_function_found_nothing")
+
 LATE_PLUGIN_NAME = "late_rerun"
 LATE_PLUGIN = "import pytest\n" + RERUN_HOOK
 
@@ -206,4 +211,7 @@ def test_graded_on_its_merits(graded: dict[str, GradeResult], case: str) -> None
         assert result.tests[FLAKY] == TestStatus.PASSED, result.test_output[-2000:]
         expected_f2p = TestStatus.PASSED if outcome == "passed" else TestStatus.FAILED
         assert result.tests[F2P] == expected_f2p
+    if case.startswith("tracers"):  # the profile function was handed no frame of the grader's
+        for test in PROFILE_TESTS:
+            assert result.tests[test] == TestStatus.PASSED, result.test_output[-2000:]
 
