@@ -209,6 +209,49 @@ except (RuntimeError, OSError):
     pass
 '''
 
+# `io.FileIO` of a path object hands the object itself to the audit hook's `open` event: a
+# metaclass's `__eq__` (a type compared with `in`) or the object's `__repr__` (a refusal's
+# message), run by the hook, takes the hook's frame, whose locals hold the run (`_on_tracer` is
+# its bound method); it wraps the channel so that the F2P test's record says passed, then
+# raises, so that the hook records no refusal. Once with each class.
+PATH_OBJECT_IN_THE_HOOK = '''
+import io, sys
+_stolen = []
+def _steal():
+    for depth in range(2, 6):
+        run = getattr(sys._getframe(depth).f_locals.get("_on_tracer"), "__self__", None)
+        if run is not None:
+            break
+    if run is not None and not _stolen:
+        _stolen.append(run)
+        real = run.channel
+        class _Flip:
+            def __getattr__(self, name):
+                return getattr(real, name)
+            def record(self, kind, **fields):
+                if kind == "test" and fields.get("id") == "%s":
+                    fields["status"] = "PASSED"
+                return real.record(kind, **fields)
+        run.channel = _Flip()
+    raise LookupError("no repr")
+class _Meta(type):
+    def __eq__(cls, other):
+        _steal()
+    __hash__ = type.__hash__
+class _Path:
+    def __fspath__(self):
+        return "/nonexistent-harness-gym"
+    def __repr__(self):
+        _steal()
+class _MetaPath(_Path, metaclass=_Meta):
+    pass
+for _kind in (_MetaPath, _Path):
+    try:
+        io.FileIO(_kind())
+    except (LookupError, OSError, RuntimeError):
+        pass
+''' % F2P
+
 # A child process has no audit hook: it reads the runner's memory through /proc, as the same user
 # (what it saw comes back in the F2P test's failure).
 CHILD_READS_MEMORY = r'''
@@ -265,6 +308,7 @@ ATTACKS = {
     "profile-function": (PROFILER, "a trace or profile function installed at calc/__init__.py"),
     "getattr-inside-the-grader": (GETATTR_INSIDE_THE_GRADER, "a frame taken while the grader"),
     "own-memory-read": (READ_OWN_MEMORY, "reading a process's memory"),
+    "path-object-in-the-hook": (PATH_OBJECT_IN_THE_HOOK, "open() of a path object"),
 }
 
 

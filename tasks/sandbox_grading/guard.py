@@ -41,10 +41,12 @@ def _memory_file(path, _fsdecode=_fsdecode, _realpath=_realpath, _type=type):
     relative `mem`, which a dir_fd of /proc/PID would resolve), /dev/mem, /dev/kmem. Anything
     but str and bytes counts as one: `os.fspath` would run the object's own `__fspath__` inside
     this hook, where a frame walk reaches the hook's closure (`builtins.open` and pathlib hand
-    over str; only `os.open(obj)` gets here with an object)."""
-    if _type(path) is int:
+    over str; only `os.open(obj)` gets here with an object). Types are compared by identity:
+    `in (str, bytes)` would call a metaclass's `__eq__`, the caller's code, inside the hook."""
+    kind = _type(path)
+    if kind is int:
         return False
-    if _type(path) not in (str, bytes):
+    if kind is not str and kind is not bytes:
         return True
     try:
         text = _fsdecode(path)
@@ -128,7 +130,7 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
              _defaults=_DEFAULTS, _sealed=_SEALED, _raw=_RAW_MODULES, _here=_HERE,
              _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr,
              _len=len, _tracers=_TRACERS, _monitoring=_MONITORING, _installer=_installer,
-             _workdir=workdir, _on_tracer=on_tracer, _getframe=_getframe):  # fmt: skip
+             _workdir=workdir, _on_tracer=on_tracer, _getframe=_getframe, _type=type):  # fmt: skip
         if busy:
             return
         if event in _graph:
@@ -181,7 +183,12 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
                 memory = _memory_file(args[0])
             finally:
                 busy.pop()
-            if memory:
+            if memory and _type(args[0]) is not str and _type(args[0]) is not bytes:
+                # No repr, no type name: either would run the object's (or its metaclass's) code
+                # here, which could take this frame and raise before the refusal is recorded.
+                refuse("open() of a path object that is not str or bytes (its own code would "
+                       "run inside the grader's audit hook), while the grader runs")
+            elif memory:
                 refuse("open(%r): reading a process's memory while the grader runs" % (args[0],))
         elif event == "import" and args and args[0] in _raw:
             refuse("import %s: a module that reads raw memory, while the grader runs" % args[0])
