@@ -214,7 +214,7 @@ except (RuntimeError, OSError):
 # message), run by the hook, takes the hook's frame, whose locals hold the run (`_on_tracer` is
 # its bound method); it wraps the channel so that the F2P test's record says passed, then
 # raises, so that the hook records no refusal. Once with each class.
-PATH_OBJECT_IN_THE_HOOK = '''
+PATH_OBJECT_TEMPLATE = '''
 import io, sys
 _stolen = []
 def _steal():
@@ -250,7 +250,8 @@ for _kind in (_MetaPath, _Path):
         io.FileIO(_kind())
     except (LookupError, OSError, RuntimeError):
         pass
-''' % F2P
+'''  # the test id to flip: %s
+PATH_OBJECT_IN_THE_HOOK = PATH_OBJECT_TEMPLATE % F2P
 
 # A child process has no audit hook: it reads the runner's memory through /proc, as the same user
 # (what it saw comes back in the F2P test's failure).

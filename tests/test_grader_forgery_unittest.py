@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from harness_gym.tasks import GradeResult, TestStatus, materialize
 from test_grader_attacks import _UNAVAILABLE, UNITTEST, assert_failed, run_agent, write
+from test_grader_forgery import PATH_OBJECT_TEMPLATE
 
 from harness_gym.sandbox import load_sandbox
 from support.parallel import in_threads
@@ -186,6 +187,8 @@ ATTACKS = {
     "ctypes-read": (CTYPES_READ + FIXED, "tampered", "ctypes.string_at: ctypes memory access"),
     "sys.modules-replacement": (MODULE_REPLACEMENT + FIXED, "tampered",
                                 "sys.modules['_harness_gym_grading.channel'] was replaced"),
+    "path-object-in-the-hook": (PATH_OBJECT_TEMPLATE % F2P + BUGGY, "tampered",
+                                "open() of a path object"),
     "tracer-from-the-code-under-test": (TRACER + FIXED, "tampered",
                                         "a trace or profile function installed at clamp.py"),
 }  # fmt: skip
