@@ -213,8 +213,11 @@ except (RuntimeError, OSError):
 # metaclass's `__eq__` (a type compared with `in`) or the object's `__repr__` (a refusal's
 # message), run by the hook, takes the hook's frame, whose locals hold the run (`_on_tracer` is
 # its bound method); it wraps the channel so that the F2P test's record says passed, then
-# raises, so that the hook records no refusal. Once with each class.
-PATH_OBJECT_TEMPLATE = '''
+# raises, so that the hook records no refusal. Once with each class. A str subclass as a module
+# name (`import` event) or as an attribute name of a forged event (`sys.audit`) runs its
+# `__hash__` there the same way, and so does the `__getattr__` of the object a forged
+# `object.__getattr__` event names.
+STEAL_TEMPLATE = '''
 import io, sys
 _stolen = []
 def _steal():
@@ -234,6 +237,8 @@ def _steal():
                 return real.record(kind, **fields)
         run.channel = _Flip()
     raise LookupError("no repr")
+'''  # the test id to flip: %s
+PATH_OBJECT_TEMPLATE = STEAL_TEMPLATE + '''
 class _Meta(type):
     def __eq__(cls, other):
         _steal()
@@ -252,6 +257,24 @@ for _kind in (_MetaPath, _Path):
         pass
 '''  # the test id to flip: %s
 PATH_OBJECT_IN_THE_HOOK = PATH_OBJECT_TEMPLATE % F2P
+NAME_TEMPLATE = STEAL_TEMPLATE + '''
+class _Name(str):
+    def __hash__(self):  # the import system hashes it too: steal only inside the hook
+        if any("_on_tracer" in sys._getframe(d).f_locals for d in (1, 2)):
+            _steal()
+        return str.__hash__(self)
+class _Owner:
+    def __getattr__(self, name):
+        _steal()
+for _call in (lambda: sys.audit("object.__getattr__", None, _Name("gi_frame")),
+              lambda: sys.audit("object.__getattr__", _Owner(), "gi_frame"),
+              lambda: __import__(_Name("zz_no_such_module"))):
+    try:
+        _call()
+    except (LookupError, ImportError, RuntimeError):
+        pass
+'''
+STR_SUBCLASS_IN_THE_HOOK = NAME_TEMPLATE % F2P
 
 # A child process has no audit hook: it reads the runner's memory through /proc, as the same user
 # (what it saw comes back in the F2P test's failure).
@@ -310,6 +333,7 @@ ATTACKS = {
     "getattr-inside-the-grader": (GETATTR_INSIDE_THE_GRADER, "a frame taken while the grader"),
     "own-memory-read": (READ_OWN_MEMORY, "reading a process's memory"),
     "path-object-in-the-hook": (PATH_OBJECT_IN_THE_HOOK, "open() of a path object"),
+    "str-subclass-in-the-hook": (STR_SUBCLASS_IN_THE_HOOK, "a module name that is not a str"),
 }
 
 

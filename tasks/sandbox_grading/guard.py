@@ -19,6 +19,7 @@ Plain attribute walks through pytest's objects reach the plugin's module and its
 
 import os
 import sys
+import types
 
 _GRAPH = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents",
                     "sys._current_frames"))  # fmt: skip
@@ -31,6 +32,8 @@ _TRACERS = frozenset(("sys.settrace", "sys.setprofile"))
 _MONITORING = frozenset(("sys.monitoring.register_callback",))
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _FUNCTION = type(lambda: None)
+_GENERATOR, _COROUTINE, _ASYNC_GENERATOR = types.GeneratorType, types.CoroutineType, \
+    types.AsyncGeneratorType  # what has a gi_/cr_/ag_frame: a forged event names anything
 _getframe = sys._getframe
 _fsdecode = os.fsdecode
 _realpath = os.path.realpath
@@ -60,12 +63,14 @@ def _memory_file(path, _fsdecode=_fsdecode, _realpath=_realpath, _type=type):
     return not text.startswith("/") or _realpath(text).startswith("/proc/")
 
 
-def _installer(frame, workdir, _realpath=_realpath):
+def _installer(frame, workdir, _realpath=_realpath, _type=type):
     """(file, line) of the frame nearest the top of the stack that lies in the work tree: who
     installs a trace or profile function (a test file, a conftest, or the code under test, which
     the grader tells apart), or None when only installed code is on the stack (pytest-cov)."""
     while frame is not None:
         path = frame.f_code.co_filename or ""
+        if _type(path) is not str:  # a str subclass's methods would run in the hook
+            return "<a file name that is not a str>", frame.f_lineno
         if path.startswith("<"):  # exec()'d or frozen: its caller says who
             pass
         elif path.startswith(workdir + "/") or _realpath(path).startswith(workdir + "/"):
@@ -125,12 +130,16 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
             busy.pop()
 
     # Everything the hook uses is a local or a default argument: a module global could be
-    # rebound by the code under test (`guard._GRAPH = frozenset()`), a default cannot.
+    # rebound by the code under test (`guard._GRAPH = frozenset()`), a default cannot. An
+    # argument is hashed or compared only once its type is exactly str: a subclass's `__hash__`
+    # or `__eq__` (an import's name, or any argument of a `sys.audit` call the code under test
+    # makes itself) would run here and could take this frame.
     def hook(event, args, _graph=_GRAPH, _ctypes_ok=_CTYPES_OK, _frames=_FRAME_ATTRS,
              _defaults=_DEFAULTS, _sealed=_SEALED, _raw=_RAW_MODULES, _here=_HERE,
              _realpath=_realpath, _memory_file=_memory_file, _getattr=getattr,
              _len=len, _tracers=_TRACERS, _monitoring=_MONITORING, _installer=_installer,
-             _workdir=workdir, _on_tracer=on_tracer, _getframe=_getframe, _type=type):  # fmt: skip
+             _workdir=workdir, _on_tracer=on_tracer, _getframe=_getframe, _type=type,
+             _gen=_GENERATOR, _coro=_COROUTINE, _agen=_ASYNC_GENERATOR):  # fmt: skip
         if busy:
             return
         if event in _graph:
@@ -153,13 +162,20 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
                 refuse("%s() called by code that is not the runner's (a monitoring callback "
                        "can take any frame, the grader's too)" % event)  # fmt: skip
         elif armed and in_event and (event == "sys._getframe" or (
-                event == "object.__getattr__" and _len(args) == 2 and args[1] == "tb_frame")):
+                event == "object.__getattr__" and _len(args) == 2 and _type(args[1]) is str
+                and args[1] == "tb_frame")):
             if not from_grader():
                 refuse("a frame taken while the grader handles an event (%s): from code the "
                        "grader called, walking back to the grader's" % event)  # fmt: skip
         elif event.startswith("ctypes.") and event not in _ctypes_ok:
             refuse("%s: ctypes memory access while the grader runs" % event)
+        elif event in ("object.__getattr__", "object.__setattr__") and (
+                _len(args) < 2 or _type(args[1]) is not str):
+            pass  # only a forged event (`sys.audit`) names an attribute with something else
         elif event == "object.__getattr__" and _len(args) == 2 and args[1] in _frames:
+            owner = _type(args[0])
+            if owner is not _gen and owner is not _coro and owner is not _agen:
+                return  # forged (`sys.audit`): its object's own `__getattr__` must not run here
             busy.append(1)
             try:
                 code = _getattr(args[0], args[1][:2] + "_code", None)
@@ -190,6 +206,9 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
                        "run inside the grader's audit hook), while the grader runs")
             elif memory:
                 refuse("open(%r): reading a process's memory while the grader runs" % (args[0],))
+        elif event == "import" and args and _type(args[0]) is not str:
+            refuse("import of a module name that is not a str (its own code would run inside "
+                   "the grader's audit hook), while the grader runs")
         elif event == "import" and args and args[0] in _raw:
             refuse("import %s: a module that reads raw memory, while the grader runs" % args[0])
 
