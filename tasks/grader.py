@@ -53,6 +53,7 @@ from .hardened_run import (
     run_tests,
     runner_kind,
     survey,
+    tracer_problems,
     verify_report,
 )
 from .log_parsers import TestStatus, get_log_parser, junit_summary_problems
@@ -243,6 +244,7 @@ def _statuses(
         tampered.append(f"{report.forged} record(s) on the grader's channel failed verification")
     tampered += verify_report(report, prepared, found)
     tampered += origin_problems(report, judged, prepared)
+    tampered += tracer_problems(report, prepared)
     statuses = report.statuses
     if tampered:
         return statuses, ("failed", "tampered", "tampered: " + "; ".join(tampered[:5]))

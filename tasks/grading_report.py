@@ -52,6 +52,8 @@ class RunnerReport:
     sessions: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> state
     statuses: dict[str, TestStatus] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)  # test -> where its skip/xfail came from
+    # work-tree trace/profile functions: (file, line that installed it, or None: defined there)
+    tracers: list[tuple[str, int | None]] = field(default_factory=list)
     tampered: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the plugin's own failures
     forged: int = 0  # lines that failed verification
@@ -139,6 +141,10 @@ def _take(report: RunnerReport, fields: dict[str, Any]) -> None:
         _record(report, str(fields["id"]), status)
         if fields.get("origin"):
             report.origins[str(fields["id"])] = str(fields["origin"])
+    elif kind == "tracer":
+        path, _blob = fields["file"]
+        line = fields.get("line")
+        report.tracers.append((str(path), int(line) if isinstance(line, int) else None))
     elif kind == "tamper":
         report.tampered.append(f"{fields.get('check')}: {fields.get('detail')}")
     elif kind == "error":

@@ -67,6 +67,7 @@ __all__ = [
     "TestRun",
     "collect",
     "origin_problems",
+    "tracer_problems",
     "prepare",
     "run_tests",
     "runner_kind",
@@ -490,3 +491,16 @@ def origin_problems(
             problems.append(f"{test} was skipped/xfailed by the code under test ({origin})")
     return problems
 
+
+def tracer_problems(report: RunnerReport, prepared: Prepared) -> list[str]:
+    """Trace or profile functions the code under test defined or installed (a tracer can make a
+    test jump over its assertions); those of test files, conftests and installed tools
+    (coverage) are the task's own business."""
+    directories = frozenset(prepared.plan.directories)
+    problems = []
+    for path, line in report.tracers:
+        if path.startswith("/") or in_test_scope(path, directories, prepared.touched):
+            continue
+        how = f"installed at {path}:{line}" if line is not None else f"defined in {path}"
+        problems.append(f"a trace or profile function {how}, in the code under test")
+    return sorted(set(problems))

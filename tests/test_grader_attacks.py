@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from harness_gym.tasks import GradeResult, Task, TestStatus, apply_patch, grade, load_tasks, materialize
 
+from harness_gym.rewards import RewardConfig
 from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox.bwrap import bwrap_available
@@ -85,7 +86,9 @@ def gold(task: Task) -> Agent:
 # What the attacks below bolt on: a "fix" that leaves the F2P test failing, so only a forged
 # verdict could pass it.
 def assert_failed(result: GradeResult, reason: str, *, says: str = "") -> None:
+    """The verdict is a failure (the reward a failure gets), for `reason`, and says `says`."""
     assert result.outcome == "failed", (result.reason, result.error, result.test_output[-2000:])
+    assert RewardConfig()(result.outcome, 0)[0] == RewardConfig().failure
     assert result.reason == reason, (result.reason, result.error, result.test_output[-2000:])
     if says:
         assert says in (result.error or "") + " ".join(result.notes), (result.error, result.notes)
@@ -300,7 +303,7 @@ def _init_with(code: str) -> Agent:
         (FORGE_CALL_AND_REPORT, "_pytest.runner.call_and_report was replaced"),
         (REBIND_ASSERTION_ERROR, "builtins.AssertionError was replaced"),
         (REGISTER_A_PLUGIN, "gc.get_objects() called while the grader runs"),
-        (TRACE_OVER_ASSERTS, "sys.settrace() called by code that is not the runner's"),
+        (TRACE_OVER_ASSERTS, "a trace or profile function installed at calc/__init__.py"),
     ],
     ids=["patch-TestReport", "patch-call_and_report", "rebind-AssertionError", "register-plugin",
          "settrace-jumps-asserts"],

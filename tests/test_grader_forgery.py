@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from harness_gym.rewards import RewardConfig
 from harness_gym.tasks import TestStatus
 from test_grader_attacks import CALC, F2P, _init_with, assert_failed, backend, run_agent
 
@@ -51,63 +53,55 @@ except RuntimeError:
     pass
 '''
 
-# In the F2P test's call: the grader's own hook wrappers, driven by hand for the F2P item with
-# an outcome that raised nothing.
-class_outcome = '''
+
+def in_the_f2p_call(body: str) -> str:
+    """Code under test that runs `body` once, inside the F2P test's call of `calc.core.mean`
+    (with FIND's helpers), then computes the mean as the unfixed code does."""
+    return FIND + """
+from . import core as _core
+_real_mean = _core.mean
+_busy = []
+def mean(values):
+    if not _busy:
+        _busy.append(1)
+%s
+    return _real_mean(values) if values else 0
+_core.mean = mean
+""" % textwrap.indent(body.strip("\n"), " " * 8)
+
+
+# The grader's own hook wrappers, driven by hand for the F2P item with an outcome that raised
+# nothing.
+CALL_THE_GRADERS_HOOKS = in_the_f2p_call("""
 class _Outcome(object):
     excinfo = None
+    outcome = "passed"
     def get_result(self):
         return self
-    outcome = "passed"
-'''
-CALL_THE_GRADERS_HOOKS = FIND + class_outcome + '''
-from . import core as _core
-_real_mean = _core.mean
-def mean(values):
-    objects = _pytest_objects()
-    item = objects["item"]
-    wrapper = _grader.pytest_runtest_call(item)
-    next(wrapper)
-    try:
-        wrapper.send(_Outcome())
-    except StopIteration:
-        pass
-    return _real_mean(values) if values else 0
-_core.mean = mean
-'''
+wrapper = _grader.pytest_runtest_call(_pytest_objects()["item"])
+next(wrapper)
+try:
+    wrapper.send(_Outcome())
+except StopIteration:
+    pass
+""")
 
-# In the F2P test's call: pytest's own runner runs the F2P item again, nested (its assertions
-# would be the same; this is how a forged second run would reach the grader).
-RERUN_THROUGH_PYTEST = FIND + '''
+# pytest's own runner runs the F2P item again, nested (its assertions would be the same; this
+# is how a forged second run would reach the grader).
+RERUN_THROUGH_PYTEST = in_the_f2p_call("""
 import _pytest.runner
-from . import core as _core
-_real_mean = _core.mean
-_busy = []
-def mean(values):
-    if not _busy:
-        _busy.append(1)
-        _pytest.runner.runtestprotocol(_pytest_objects()["item"], log=True, nextitem=None)
-    return _real_mean(values) if values else 0
-_core.mean = mean
-'''
+_pytest.runner.runtestprotocol(_pytest_objects()["item"], log=True, nextitem=None)
+""")
 
 # pytest's hook called from a thread of the code under test's own: no frame of its code there.
-FROM_A_THREAD = FIND + '''
+FROM_A_THREAD = in_the_f2p_call("""
 import threading
-from . import core as _core
-_real_mean = _core.mean
-_busy = []
-def mean(values):
-    if not _busy:
-        _busy.append(1)
-        item = _pytest_objects()["item"]
-        thread = threading.Thread(target=item.ihook.pytest_runtest_protocol,
-                                  kwargs=dict(item=item, nextitem=None))
-        thread.start()
-        thread.join()
-    return _real_mean(values) if values else 0
-_core.mean = mean
-'''
+item = _pytest_objects()["item"]
+thread = threading.Thread(target=item.ihook.pytest_runtest_protocol,
+                          kwargs=dict(item=item, nextitem=None))
+thread.start()
+thread.join()
+""")
 
 # The grader's own classes patched so every verdict is a pass.
 PATCH_THE_GRADER = FIND + '''
@@ -134,14 +128,17 @@ _spec.loader.exec_module(_module)
 _pytest_objects()["config"].pluginmanager.register(_module, "helpful")
 """
 
-# A profile function: it is handed every frame, the grader's engine's too.
+# A profile function installed by the code under test, looking for the grader's state in every
+# frame it is handed (the grader turns it off while it handles an event, so it finds none; the
+# install by the code under test is refused).
 PROFILER = """
 import sys
-try:
-    sys.setprofile(lambda frame, event, arg: None)
-except RuntimeError:
-    pass
-"""
+def _profile(frame, event, arg):
+    for value in list(frame.f_locals.values()):
+        if hasattr(value, "channel") and hasattr(value, "states"):
+            value.channel.record("test", id="%s", status="PASSED")
+sys.setprofile(_profile)
+""" % F2P
 
 # A plugin object whose attribute lookups run code inside the grader's handler (it reads the
 # plugin's `__file__`): from there, a frame walk back to the grader's state.
@@ -212,6 +209,73 @@ except (RuntimeError, OSError):
     pass
 '''
 
+# `io.FileIO` of a path object hands the object itself to the audit hook's `open` event: a
+# metaclass's `__eq__` (a type compared with `in`) or the object's `__repr__` (a refusal's
+# message), run by the hook, takes the hook's frame, whose locals hold the run (`_on_tracer` is
+# its bound method); it wraps the channel so that the F2P test's record says passed, then
+# raises, so that the hook records no refusal. Once with each class. A str subclass as a module
+# name (`import` event) or as an attribute name of a forged event (`sys.audit`) runs its
+# `__hash__` there the same way, and so does the `__getattr__` of the object a forged
+# `object.__getattr__` event names.
+STEAL_TEMPLATE = '''
+import io, sys
+_stolen = []
+def _steal():
+    for depth in range(2, 6):
+        run = getattr(sys._getframe(depth).f_locals.get("_on_tracer"), "__self__", None)
+        if run is not None:
+            break
+    if run is not None and not _stolen:
+        _stolen.append(run)
+        real = run.channel
+        class _Flip:
+            def __getattr__(self, name):
+                return getattr(real, name)
+            def record(self, kind, **fields):
+                if kind == "test" and fields.get("id") == "%s":
+                    fields["status"] = "PASSED"
+                return real.record(kind, **fields)
+        run.channel = _Flip()
+    raise LookupError("no repr")
+'''  # the test id to flip: %s
+PATH_OBJECT_TEMPLATE = STEAL_TEMPLATE + '''
+class _Meta(type):
+    def __eq__(cls, other):
+        _steal()
+    __hash__ = type.__hash__
+class _Path:
+    def __fspath__(self):
+        return "/nonexistent-harness-gym"
+    def __repr__(self):
+        _steal()
+class _MetaPath(_Path, metaclass=_Meta):
+    pass
+for _kind in (_MetaPath, _Path):
+    try:
+        io.FileIO(_kind())
+    except (LookupError, OSError, RuntimeError):
+        pass
+'''  # the test id to flip: %s
+PATH_OBJECT_IN_THE_HOOK = PATH_OBJECT_TEMPLATE % F2P
+NAME_TEMPLATE = STEAL_TEMPLATE + '''
+class _Name(str):
+    def __hash__(self):  # the import system hashes it too: steal only inside the hook
+        if any("_on_tracer" in sys._getframe(d).f_locals for d in (1, 2)):
+            _steal()
+        return str.__hash__(self)
+class _Owner:
+    def __getattr__(self, name):
+        _steal()
+for _call in (lambda: sys.audit("object.__getattr__", None, _Name("gi_frame")),
+              lambda: sys.audit("object.__getattr__", _Owner(), "gi_frame"),
+              lambda: __import__(_Name("zz_no_such_module"))):
+    try:
+        _call()
+    except (LookupError, ImportError, RuntimeError):
+        pass
+'''
+STR_SUBCLASS_IN_THE_HOOK = NAME_TEMPLATE % F2P
+
 # A child process has no audit hook: it reads the runner's memory through /proc, as the same user
 # (what it saw comes back in the F2P test's failure).
 CHILD_READS_MEMORY = r'''
@@ -265,9 +329,11 @@ ATTACKS = {
     "defaults-replaced": (REPLACE_THE_DEFAULTS, "__defaults__ of a grader function replaced"),
     "fork-and-continue": (FORK_AND_CONTINUE, "a forked copy of the runner"),
     "force-result-plugin": (FORCE_RESULT_PLUGIN, "neither the runner's nor in the work tree"),
-    "profile-function": (PROFILER, "sys.setprofile() called by code that is not the runner's"),
+    "profile-function": (PROFILER, "a trace or profile function installed at calc/__init__.py"),
     "getattr-inside-the-grader": (GETATTR_INSIDE_THE_GRADER, "a frame taken while the grader"),
     "own-memory-read": (READ_OWN_MEMORY, "reading a process's memory"),
+    "path-object-in-the-hook": (PATH_OBJECT_IN_THE_HOOK, "open() of a path object"),
+    "str-subclass-in-the-hook": (STR_SUBCLASS_IN_THE_HOOK, "a module name that is not a str"),
 }
 
 
@@ -286,9 +352,11 @@ def test_in_process_forgery_is_caught(backend, tmp_path: Path, attack: str) -> N
 
 def test_a_signal_handler_never_lands_in_the_graders_frames(backend, tmp_path: Path) -> None:
     """Signals are blocked while the grader handles an event; outside one, the handler finds
-    only the hook functions' `_send`, and calling it is refused (its frame is on the stack)."""
+    only the hook functions' `_send`, and calling it is refused (its frame is on the stack).
+    Where the 50 us timer fires is chance, so the reason may be either; the verdict is not."""
     result = run_agent(backend, CALC, tmp_path, _init_with(SIGNAL_FRAMES))
     assert result.outcome == "failed", (result.reason, result.error)
+    assert RewardConfig()(result.outcome, 0)[0] == RewardConfig().failure
     assert result.tests.get(F2P) != TestStatus.PASSED
     assert result.reason in ("tampered", "tests_failed", "incomplete"), result.error
     if result.reason == "tampered":
@@ -311,7 +379,120 @@ def test_records_written_to_every_inherited_fd_do_not_verify(backend, tmp_path: 
 def test_a_child_process_cannot_read_the_runners_memory(backend, tmp_path: Path) -> None:
     result = run_agent(backend, CALC, tmp_path, _init_with(CHILD_READS_MEMORY))
     assert "CHILD-READ: PermissionError" in result.test_output, result.test_output[-2000:]
-    assert result.tests.get(F2P) != TestStatus.PASSED
+    assert_failed(result, "tests_failed")  # what it saw is nothing: the test fails on its merits
+    assert result.tests[F2P] == TestStatus.FAILED
+
+
+# --- local: the same in-process defences; the interpreter itself is the agent's to write ------
+
+
+def _local_cases() -> dict[str, tuple[list, str, str]]:
+    """name -> (moves, reason, what the error says): every in-process attack of this file and
+    the introspection class of test_grader_attacks (gc, frames, ctypes, sys.modules)."""
+    from test_grader_attacks import (CTYPES_READ, FRAME_WALK, GC_WALK, MODULE_REPLACEMENT,
+                                     gold)  # fmt: skip
+
+    cases = {name: ([_init_with(code)], "tampered", says) for name, (code, says) in ATTACKS.items()}
+    for name, code, says in (
+        ("gc-walk", GC_WALK, "gc.get_objects() called while the grader runs"),
+        ("frame-walk", FRAME_WALK, "gi_frame of the grader's own"),
+        ("ctypes-read", CTYPES_READ, "ctypes.string_at: ctypes memory access"),
+        ("sys.modules-replacement", MODULE_REPLACEMENT,
+         "sys.modules['_harness_gym_grading.channel'] was replaced"),
+    ):  # fmt: skip
+        cases[name] = ([gold(CALC), _init_with(code)], "tampered", says)
+    cases["fd-records"] = ([_init_with(WRITE_EVERY_FD)], "tampered", "failed verification")
+    cases["child-reads-memory"] = ([_init_with(CHILD_READS_MEMORY)], "tests_failed", "")
+    return cases
+
+
+@pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning")
+def test_on_local_the_in_process_forgeries_are_caught(tmp_path: Path) -> None:
+    """`local` runs the grader's plugin in the same interpreter as bwrap does (the venv's):
+    every in-process attack is refused there too, side by side, three sandboxes at a time."""
+    import os
+
+    from harness_gym.sandbox.local import LocalSandboxBackend
+    from support.parallel import in_threads
+
+    cases = _local_cases()
+
+    def work(share: list[str]) -> list:
+        backend = LocalSandboxBackend()
+        try:
+            return [run_agent(backend, CALC, tmp_path / name, *cases[name][0]) for name in share]
+        finally:
+            backend.close()
+
+    names = list(cases)
+    results = dict(zip(names, in_threads(work, names, 3)))
+    wrong = {}
+    for name, result in results.items():
+        _, reason, says = cases[name]
+        try:
+            assert_failed(result, reason, says=says)
+            if name == "force-result-plugin":
+                assert f"PASSED {F2P}" in result.test_output
+            elif name == "child-reads-memory":
+                # A limit of `local`, measured: as root the child keeps CAP_SYS_PTRACE (no user
+                # namespace), which PR_SET_DUMPABLE does not stop; the runner's memory is open.
+                said = [x for x in result.test_output.splitlines() if "CHILD-READ" in x]
+                opened = os.geteuid() == 0
+                assert said and ("CHILD-READ: opened" in said[-1]) == opened, said
+        except AssertionError as error:
+            wrong[name] = str(error)[:600]
+    assert not wrong, wrong
+
+
+# What `local` cannot give: the interpreter that grades is the host's, writable by the agent.
+# A `.pth` the agent drops into its site-packages runs at start-up, before the grader's plugin,
+# claims the first key and writes a whole passing session.
+FORGE_AT_STARTUP = r"""
+import os
+if os.environ.get("HARNESS_GYM_GRADER_KEYS"):
+    from _harness_gym_grading.channel import open_channel
+    _channel = open_channel()
+    _channel.record("start", runner="pytest")
+    for _test in %r:
+        _channel.record("test", id=_test, status="PASSED")
+    _channel.record("end", exitstatus=0)
+    os._exit(0)
+"""
+
+
+@pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning")
+def test_on_local_an_agent_that_writes_into_the_interpreter_forges_a_pass(tmp_path: Path) -> None:
+    """The documented limit of `local` (docs/reward-integrity.md): measured, not assumed. The
+    interpreter here is a throwaway venv the test owns (the shared one is never written)."""
+    import os
+    import site
+    import subprocess
+    import sysconfig
+
+    from harness_gym.sandbox.base import SandboxSpec
+    from harness_gym.sandbox.local import LocalSandboxBackend
+    from harness_gym.tasks import grade, materialize
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv)}))
+    (purelib / "host-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    judged = CALC.FAIL_TO_PASS + CALC.PASS_TO_PASS
+    (purelib / "zz_agent.py").write_text(FORGE_AT_STARTUP % (judged,))
+    repo = tmp_path / "repo"
+    materialize(CALC, repo)
+    env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    backend = LocalSandboxBackend()
+    try:
+        with backend.create(SandboxSpec(repo=repo, env=env, label="attack")) as sandbox:
+            # the agent's own shell writes into the interpreter's site-packages
+            done = sandbox.exec(f"echo 'import zz_agent' > {purelib}/zz_agent.pth")
+            assert done.exit_code == 0, done.stderr
+            result = grade(CALC, sandbox, timeout_s=180)
+    finally:
+        backend.close()
+    assert result.outcome == "passed", (result.reason, result.error, result.test_output[-2000:])
+    assert result.tests[F2P] == TestStatus.PASSED  # the unfixed F2P test, never run
 
 
 AS_USER = """

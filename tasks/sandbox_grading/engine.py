@@ -120,7 +120,8 @@ class _Snapshot(object):
             self.keys.append((owner, is_class, frozenset(mapping)))
 
 
-def _restore(snapshot, _setattr=setattr, _delattr=delattr, _len=len, _list=list):
+def _restore(snapshot, _setattr=setattr, _delattr=delattr, _len=len, _list=list,
+             _registry="__warningregistry__"):  # fmt: skip
     """Put back every changed entry; (owner, name) of what had changed. Everything it calls is a
     default argument: bound at import, out of reach of a patched global (the audit hook refuses
     reads and writes of a grader function's defaults and code)."""
@@ -136,7 +137,8 @@ def _restore(snapshot, _setattr=setattr, _delattr=delattr, _len=len, _list=list)
     for owner, is_class, names in snapshot.keys:
         mapping = owner.__dict__ if is_class else owner
         if _len(mapping) != _len(names):
-            for name in [n for n in _list(mapping) if n not in names]:
+            # `warnings` keeps its registry in the globals of the module a warning came from
+            for name in [n for n in _list(mapping) if n not in names and n != _registry]:
                 changed.append((owner, name))
                 if is_class:
                     _delattr(owner, name)
@@ -152,10 +154,12 @@ def _labels(changed):
     )
 
 
-def _stack_problem(trusted, entry, main, pid, skip, _get_ident=_get_ident, _getpid=_getpid,
-                   _getframe=_getframe, _len=len, _tuple=tuple, _id=id):  # fmt: skip
+def _stack_problem(trusted, entry, main, pid, skip, name=None, args=(),
+                   _get_ident=_get_ident, _getpid=_getpid, _getframe=_getframe, _len=len,
+                   _tuple=tuple, _id=id):  # fmt: skip
     """Why the hook function that sent the current event was not called by the runner, or None
-    (see the module doc). Bound like `_restore`."""
+    (see the module doc): pytest's check, the whole stack. `name` and `args` (the event) are
+    for other checks (`unittest_hooks.py` has its own). Bound like `_restore`."""
     if _get_ident() != main:
         return "a grader hook was called outside the runner's main thread"
     if _getpid() != pid:
@@ -190,11 +194,13 @@ def _signals():
     return lambda: mask(signal.SIG_BLOCK, block), lambda old: mask(signal.SIG_SETMASK, old)
 
 
-def _handle(event, state, handlers, on_problem, exempt, main, pid, _restore=_restore,
-            _stack_problem=_stack_problem, _labels=_labels):  # fmt: skip
+def _handle(event, state, handlers, on_problem, exempt, main, pid, check, _restore=_restore,
+            _labels=_labels):  # fmt: skip
     """One event (see `engine`); its handler's result, or None when refused."""
-    name, args = event
+    name, args = event[0], event[1]
     trusted, snapshot = state["trusted"], state["snapshot"]
+    if "tracing" in handlers:  # what `quiet` turned off for this event, for the watch
+        handlers["tracing"](event[2:] if _len(event) > 2 else None)
     if snapshot is not None:
         changed = _restore(snapshot)
         if changed:
@@ -208,13 +214,14 @@ def _handle(event, state, handlers, on_problem, exempt, main, pid, _restore=_res
             trusted = state["trusted"] = module_code(runner, prefixes)
             state["entry"] = _entry(_stack(2), trusted)
             state["snapshot"] = _Snapshot(_list(modules), _list(classes))
-            handlers["trusted"](trusted)
-        return trusted
+            handlers["trusted"](trusted, module_code(_list(modules), prefixes[-1:]))
+        return None  # the trusted set stays in here: a caller's frame could be read
     if name in exempt:
-        by_runner = trusted is None or _stack_problem(trusted, state["entry"], main, pid, 3) is None
+        by_runner = trusted is None or check(trusted, state["entry"], main, pid, 3, name,
+                                             args) is None  # fmt: skip
         args = args + (by_runner,)
     elif trusted is not None:
-        problem = _stack_problem(trusted, state["entry"], main, pid, 3)
+        problem = check(trusted, state["entry"], main, pid, 3, name, args)
         if problem is not None:
             on_problem("caller", "%s (event %s)" % (problem, name))
             return None
@@ -227,15 +234,18 @@ def _handle(event, state, handlers, on_problem, exempt, main, pid, _restore=_res
     return result
 
 
-def engine(handlers, on_problem, exempt=(), in_event=None, _handle=_handle, _signals=_signals):
+def engine(handlers, on_problem, exempt=(), in_event=None, check=_stack_problem, _handle=_handle,
+           _signals=_signals):  # fmt: skip
     """The event loop: `send((name, args))` runs `handlers[name](*args)` and returns its result.
     `on_problem(check, detail)` records a refusal (and is handed nothing the caller gave).
 
     The event `("trust", (prefixes, modules, classes))`, sent once before any conftest or test
     module is imported, fixes which code is the runner's (every code object of the modules whose
-    top-level package is in `prefixes`: pytest, pluggy, this package, plugins installed outside
-    the work tree), hands it to `handlers["trusted"]`, and snapshots the grader's `modules` and
-    `classes`; until then only the runner's start-up has run, and events are not checked.
+    top-level package is in `prefixes`: pytest, pluggy, plugins installed outside the work tree,
+    and last this package), hands it and the grader's own code to `handlers["trusted"]`, and
+    snapshots the grader's `modules` and `classes`; until then only the runner's start-up has
+    run, and events are not checked. `check(trusted, entry, main, pid, skip, name, args)` says
+    why an event's caller is refused, or None (default: the whole stack is the runner's).
     Events in `exempt` are handled whoever calls them, with one more argument: whether the
     runner did (`plugin_registered`: a conftest may register plugins; it only records).
     `in_event` (the guard's) is non-empty while an event is handled; signals are blocked then."""
@@ -249,7 +259,31 @@ def engine(handlers, on_problem, exempt=(), in_event=None, _handle=_handle, _sig
         old = block()
         in_event.append(1)
         try:
-            result = _handle(event, state, handlers, on_problem, exempt, main, pid)
+            result = _handle(event, state, handlers, on_problem, exempt, main, pid, check)
         finally:
             in_event.pop()
             unblock(old)
+
+
+def quiet(send, _gettrace=sys.gettrace, _getprofile=sys.getprofile, _settrace=sys.settrace,
+          _setprofile=sys.setprofile):  # fmt: skip
+    """`send`, with this thread's trace and profile functions off while the engine handles the
+    event: either would be handed the engine's frame (the run's state) as it resumes. So the
+    code under test (coverage, a debugger's tests) may install them; they see the hook
+    functions' frames, which hold nothing but this `send`, whose caller is checked. The
+    returned function has no closure: what it uses is a default argument."""
+
+    def send_quietly(event, _send=send, _gettrace=_gettrace, _getprofile=_getprofile,
+                     _settrace=_settrace, _setprofile=_setprofile):  # fmt: skip
+        trace, profile = _gettrace(), _getprofile()
+        if trace is None and profile is None:
+            return _send(event)
+        _settrace(None)
+        _setprofile(None)
+        try:
+            return _send((event[0], event[1], trace, profile))
+        finally:
+            _setprofile(profile)
+            _settrace(trace)
+
+    return send_quietly

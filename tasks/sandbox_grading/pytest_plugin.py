@@ -31,7 +31,7 @@ import pluggy
 import pytest
 
 from .channel import open_channel
-from .engine import engine, module_code
+from .engine import code_objects, engine, quiet
 from .guard import install as install_guard
 from .files import describe, inside, source_file
 from .watch import RunnerWatch
@@ -52,14 +52,21 @@ _RUNNER_DIRS = tuple(
 
 
 class _TestState(object):
-    """What one test did, phase by phase (each phase once: a rerun is refused, as a second
-    attempt is how a forged phase would arrive)."""
+    """What one test did, phase by phase: each phase once per attempt. A new attempt (a rerun
+    by pytest-rerunfailures or a conftest, all of it the runner's code: the engine checks the
+    caller) starts with a setup once the last attempt's teardown was reported; the verdict is
+    the last attempt's, as pytest's own is."""
 
-    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin", "seen")
+    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin", "seen", "attempts")
 
     def __init__(self, nodeid):
         self.nodeid = nodeid
-        self.seen = set()  # (event, phase) pairs: each may come once
+        self.attempts = 0
+        self.attempt()
+
+    def attempt(self):
+        self.attempts += 1
+        self.seen = set()  # (event, phase) pairs: each may come once an attempt
         self.reports = {}  # when -> (outcome, wasxfail)
         self.raised = {}  # when -> the exception type's name or None, seen by our phase wrapper
         self.pyfunc = False  # pytest_pyfunc_call reached for this test
@@ -71,7 +78,7 @@ class _Run(object):
     __slots__ = ("channel", "workdir", "watch", "config", "registered", "hook_impls",
                  "hook_lists", "hook_files", "states", "snapshots", "fired", "function_runtest",
                  "collecting", "items", "position", "nodeids", "current", "outside_plugins",
-                 "trusted_code")
+                 "trusted_code", "tracer_sites")
 
     def __init__(self, channel):
         self.channel = channel
@@ -93,6 +100,7 @@ class _Run(object):
         self.current = None  # the item whose protocol is open
         self.outside_plugins = []  # plugins installed outside the work tree, before any conftest
         self.trusted_code = None  # id -> code object of the runner's code, from the engine
+        self.tracer_sites = set()
         channel.record(
             "start",
             runner="pytest",
@@ -119,7 +127,16 @@ class _Run(object):
     def check(self, where):
         for detail in self.watch.check():
             self.tampered("runner", "%s (seen at %s)" % (detail, where))
+        while self.watch.tracers:
+            self.tracer(self.watch.tracers.pop(0), None)
         self.check_hooks(where)
+
+    def tracer(self, path, line):
+        """A trace or profile function from the work tree (its file), or installed from there
+        (the file and line that installed it): the grader refuses the code under test's."""
+        if (path, line) not in self.tracer_sites:
+            self.tracer_sites.add((path, line))
+            self.channel.record("tracer", file=describe(path, self.workdir), line=line)
 
     # -- plugins and hooks -------------------------------------------------------------------
 
@@ -238,7 +255,8 @@ class _Run(object):
     def finish(self, item, state):
         status, detail = self.verdict(item, state)
         self.channel.record(
-            "test", id=state.nodeid, status=status, detail=detail, origin=state.origin
+            "test", id=state.nodeid, status=status, detail=detail, origin=state.origin,
+            attempts=state.attempts,
         )
 
     def verdict(self, item, state):
@@ -304,7 +322,9 @@ class _Run(object):
             self.tampered("sequence", "%s of %s for %r outside its test protocol"
                           % (event, when, self.nodeids.get(id(item), "?")))
             return None
-        if (event, when) in state.seen:
+        if (event, when) == ("phase", "setup") and ("report", "teardown") in state.seen:
+            state.attempt()  # a rerun
+        elif (event, when) in state.seen:
             self.tampered("sequence", "%s of %s for %s came twice" % (event, when, state.nodeid))
             state.reports[when] = ("failed", False)
             return None
@@ -323,11 +343,29 @@ class _Run(object):
 
     def on_plugin_registered(self, plugin, manager, by_runner):
         self.plugin_registered(plugin, manager, by_runner)
-        if plugin is sys.modules.get(__name__) or not by_runner or self.trusted_code is not None:
+        if plugin is sys.modules.get(__name__) or not by_runner:
             return
         path = source_file(plugin)
-        if path is not None and not inside(path, self.workdir):
-            self.outside_plugins.append(plugin)
+        if self.trusted_code is None:
+            if path is not None and not inside(path, self.workdir):
+                self.outside_plugins.append(plugin)
+        elif isinstance(plugin, type(sys)) and path is not None:
+            self.trust_late(plugin, path)
+
+    def trust_late(self, module, path):
+        """A plugin module pytest itself registered after start-up: the task's conftest (its
+        file is compared with the task's by the grader) or an installed plugin it names
+        (`pytest_plugins = [...]`) from a file no sandbox user can write. Its functions become
+        runner code (a conftest hook that re-runs tests calls pytest from its own frames)."""
+        conftest = inside(path, self.workdir) and os.path.basename(path) == "conftest.py"
+        if not conftest and (inside(path, self.workdir) or _writable(path)):
+            return
+        real = os.path.realpath(path)
+        values = [v for v in list(vars(module).values()) if _defined_in(v, real)]
+        found = code_objects(values, {})
+        self.trusted_code.update(found)
+        if not conftest:
+            self.watch.trusted_files.add(path)
 
     def on_configure(self, config):
         self.config = config
@@ -405,8 +443,27 @@ class _Run(object):
         self.channel.close()
 
 
-def _handlers(run):
-    """Each event's handler; a bug in one must not crash pytest, and is reported."""
+def _writable(path):
+    try:
+        return os.access(path, os.W_OK) or os.access(os.path.dirname(path), os.W_OK)
+    except (OSError, ValueError):
+        return True
+
+
+def _defined_in(value, real):
+    """Whether `value` is a function or class whose code is in the file `real`."""
+    target = value.__dict__.values() if isinstance(value, type) else (value,)
+    for item in target:
+        item = getattr(item, "__func__", item)
+        code = getattr(item, "__code__", None) if isinstance(item, type(_writable)) else None
+        if code is not None and os.path.realpath(code.co_filename or "") == real:
+            return True
+    return False
+
+
+def _handlers(run, arm):
+    """Each event's handler; a bug in one must not crash pytest, and is reported. `arm` (the
+    guard's) is called by the engine, once the runner's code is fixed: nothing outside holds it."""
 
     def guarded(name, method):
         def handle(*args):
@@ -425,7 +482,14 @@ def _handlers(run):
     handlers = dict((n, guarded(n, m)) for n, m in methods.items())
     handlers["outside_plugins"] = lambda: list(run.outside_plugins)
     handlers["workdir"] = lambda: run.workdir
-    handlers["trusted"] = lambda code: setattr(run, "trusted_code", code)
+    handlers["tracing"] = lambda hooks: setattr(run.watch, "tracing", hooks)
+
+    def trusted(code, grader_code):
+        run.trusted_code = code
+        if arm is not None:
+            arm(grader_code, code)
+
+    handlers["trusted"] = trusted
     return handlers
 
 
@@ -443,24 +507,26 @@ def _no_memory_reads():
 
 
 def _start():
-    """The engine's `send`, or None when this process is not a grader's runner. Nothing of the
-    run is kept anywhere but in the engine's frame (see `engine`)."""
+    """The engine's `send` (through `quiet`), or None when this process is not a grader's runner.
+    Nothing of the run is kept anywhere but in the engine's frame (see `engine`)."""
     channel = open_channel()
     if channel is None:
-        return None, None
+        return None
     try:
         run = _Run(channel)
     except Exception as exc:  # noqa: BLE001
         channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
-        return None, None
+        return None
     _no_memory_reads()
-    arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail))
-    loop = engine(_handlers(run), run.tampered, exempt=("plugin_registered",), in_event=in_event)
+    arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail),
+                                  run.workdir, run.tracer)  # fmt: skip
+    loop = engine(_handlers(run, arm), run.tampered, exempt=("plugin_registered",),
+                  in_event=in_event)  # fmt: skip
     next(loop)
-    return loop.send, arm
+    return quiet(loop.send)
 
 
-def _trust(send, arm):
+def _trust(send):
     """Fix which code is the runner's and arm the audit hook's seals: before any conftest or
     test module is imported (pluggy has read the hook functions' signatures by then)."""
     package = __name__.rpartition(".")[0]
@@ -475,13 +541,11 @@ def _trust(send, arm):
     )
     installed = tuple(sorted(set(t.split(".")[0] for t in tops if t)))
     tracers = tuple(n for n in ("coverage",) if n in sys.modules)  # pytest-cov's tracer
-    prefixes = ("_pytest", "pytest", "pluggy", package) + installed + tracers
-    runner_code = send(("trust", (prefixes, modules, classes)))
-    if arm is not None and runner_code is not None:
-        arm(module_code(modules, (package,)), runner_code)
+    prefixes = ("_pytest", "pytest", "pluggy") + installed + tracers + (package,)  # ours last
+    send(("trust", (prefixes, modules, classes)))
 
 
-_SEND, _ARM = _start()
+_SEND = _start()
 WORKDIR = None if _SEND is None else _SEND(("workdir", ()))  # not a secret: for entrypoints
 
 
@@ -494,15 +558,15 @@ def pytest_plugin_registered(plugin, manager, _send=_SEND):
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config, parser, args, _send=_SEND, _arm=_ARM):
+def pytest_load_initial_conftests(early_config, parser, args, _send=_SEND):
     if _send is not None:
-        _trust(_send, _arm)
+        _trust(_send)
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_configure(config, _send=_SEND, _arm=_ARM):
+def pytest_configure(config, _send=_SEND):
     if _send is not None:
-        _trust(_send, _arm)  # a no-op when the conftests' hook came first
+        _trust(_send)  # a no-op when the conftests' hook came first
         _send(("configure", (config,)))
 
 
@@ -578,4 +642,4 @@ def pytest_sessionfinish(session, exitstatus, _send=_SEND):
         _send(("session_finish", (session, exitstatus)))
 
 
-del _SEND, _ARM
+del _SEND

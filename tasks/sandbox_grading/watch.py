@@ -10,7 +10,8 @@ imported, and `check()` says what changed since:
 - the builtin exception types (`builtins.AssertionError = Skipped`) and a few builtin functions;
   at the baseline, each builtin exception must be the interpreter's own (C) type;
 - the tracing and profiling hooks: one defined in the work tree (`sys.settrace` can make a test
-  jump over its assert lines) fires; coverage's tracer, installed outside it, does not;
+  jump over its assert lines) is reported in `tracers` (its file: the grader refuses one from
+  the code under test, not one from a test file); coverage's tracer, installed outside, is not;
 - extra objects the caller registers (`watch_attribute`): pluggy's hook executor, hook
   implementations, and so on.
 
@@ -106,7 +107,7 @@ class RunnerWatch(object):
     """Identity baseline of the runner; see the module doc."""
 
     __slots__ = ("_workdir", "_prefixes", "_namespaces", "_seen_modules", "_attributes", "_flat",
-                 "trusted_files", "problems")
+                 "trusted_files", "problems", "tracing", "tracers", "_seen_tracers")
 
     def __init__(self, workdir, prefixes=WATCHED_PREFIXES):
         self._workdir = workdir
@@ -117,6 +118,9 @@ class RunnerWatch(object):
         self._flat = None  # every watched entry in three parallel tuples: the fast check
         self.trusted_files = set()  # source files of plugins installed outside the work tree
         self.problems = []  # baseline problems (a runner already tampered with)
+        self.tracing = None  # (trace, profile) while `engine.quiet` has them off, else None
+        self.tracers = []  # files of work-tree trace/profile functions seen, for the caller
+        self._seen_tracers = set()
         self._watch_builtins()
         self.extend()
 
@@ -181,15 +185,16 @@ class RunnerWatch(object):
         self._attributes.append((label, getter, expected))
 
     def _from_work_tree(self, hook):
-        """Whether a trace/profile function is code from the work tree."""
+        """The file of a trace/profile function if it is code from the work tree, else None."""
         path = _code_file(hook) or _code_file(getattr(hook, "__call__", None))
         if path is None:
             module = sys.modules.get(getattr(type(hook), "__module__", "") or "")
             path = getattr(module, "__file__", None)
-        if not path:
-            return False
+        if not path or not isinstance(path, str):
+            return None
         real = os.path.realpath(path)
-        return real == self._workdir or real.startswith(self._workdir + os.sep)
+        inside = real == self._workdir or real.startswith(self._workdir + os.sep)
+        return path if inside else None
 
     # -- the check -------------------------------------------------------------------------
 
@@ -228,12 +233,12 @@ class RunnerWatch(object):
                 continue
             if now is not expected:
                 fired.append("%s was replaced (%r)" % (label, _short(now)))
-        for hook in (sys.gettrace(), sys.getprofile()):
-            if hook is not None and self._from_work_tree(hook):
-                fired.append(
-                    "a trace or profile function from the work tree is installed (sys.settrace "
-                    "can make a test skip its assertions): %r" % (_short(hook),)
-                )
+        hooks = self.tracing or (sys.gettrace(), sys.getprofile())
+        for hook in hooks:
+            path = self._from_work_tree(hook) if hook is not None else None
+            if path is not None and path not in self._seen_tracers:
+                self._seen_tracers.add(path)
+                self.tracers.append(path)
         return fired
 
     def _changes(self):
