@@ -29,6 +29,7 @@ import sys
 import _pytest
 import pluggy
 import pytest
+from _pytest.runner import CallInfo as _CallInfo
 
 from .channel import open_channel
 from .engine import code_objects, engine, quiet
@@ -57,7 +58,8 @@ class _TestState(object):
     caller) starts with a setup once the last attempt's teardown was reported; the verdict is
     the last attempt's, as pytest's own is."""
 
-    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin", "seen", "attempts")
+    __slots__ = ("nodeid", "reports", "raised", "pyfunc", "origin", "seen", "attempts",
+                 "subtests_failed")
 
     def __init__(self, nodeid):
         self.nodeid = nodeid
@@ -71,6 +73,7 @@ class _TestState(object):
         self.raised = {}  # when -> the exception type's name or None, seen by our phase wrapper
         self.pyfunc = False  # pytest_pyfunc_call reached for this test
         self.origin = None  # "file:line" that raised a skip/xfail
+        self.subtests_failed = 0  # subtest reports made inside the call phase that failed
 
 
 class _Run(object):
@@ -273,6 +276,8 @@ class _Run(object):
             return "ERROR", "no call report"
         if call[0] == "failed":
             return "FAILED", None
+        if state.subtests_failed:  # pytest reports the test itself passed; its summary does not
+            return "FAILED", "%d subtest(s) failed" % state.subtests_failed
         if call[0] == "skipped":
             return ("XFAIL" if call[1] else "SKIPPED"), None
         if call[1]:
@@ -418,6 +423,24 @@ class _Run(object):
             )
             state.pyfunc = False
 
+    def inside_call(self, item, by_runner):
+        """Whether `item`'s call phase is running: a report made now is a subtest's (pytest 9
+        makes them from inside the test, under unittest's `subTest` or the `subtests` fixture,
+        so the caller's stack holds the test's own code)."""
+        state = self.states.get(id(item))
+        return state is not None and state is self.current and \
+            ("report", "setup") in state.seen and ("phase", "call") not in state.seen
+
+    def on_subtest_report(self, item, call, outcome, by_runner):
+        """A report made inside the call phase, whoever made it: it can only fail the open test
+        (code under test could fail its own test anyway), never pass one. Nothing of the
+        caller's objects is run: exact types only, no attribute of theirs but CallInfo's."""
+        state = self.current
+        if state is None or self.states.get(id(item)) is not state:
+            return
+        if type(call) is not _CallInfo or call.excinfo is not None:
+            state.subtests_failed += 1
+
     def on_before_report(self, item, when):
         self.check("%s of %s" % (when, self.nodeids.get(id(item), "?")))
 
@@ -477,7 +500,7 @@ def _handlers(run, arm):
 
     names = ("plugin_registered", "configure", "module", "collection", "collection_finish",
              "begin", "end", "observe", "pyfunc_call", "before_report", "after_report",
-             "session_finish")  # fmt: skip
+             "inside_call", "subtest_report", "session_finish")  # fmt: skip
     methods = dict((n, getattr(run, "on_" + n, None) or getattr(run, n)) for n in names)
     handlers = dict((n, guarded(n, m)) for n, m in methods.items())
     handlers["outside_plugins"] = lambda: list(run.outside_plugins)
@@ -520,7 +543,8 @@ def _start():
     _no_memory_reads()
     arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail),
                                   run.workdir, run.tracer)  # fmt: skip
-    loop = engine(_handlers(run, arm), run.tampered, exempt=("plugin_registered",),
+    loop = engine(_handlers(run, arm), run.tampered,
+                  exempt=("plugin_registered", "inside_call", "subtest_report"),
                   in_event=in_event)  # fmt: skip
     next(loop)
     return quiet(loop.send)
@@ -628,11 +652,12 @@ def pytest_pyfunc_call(pyfuncitem, _send=_SEND):
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call, _send=_SEND):
-    if _send is not None:
+    inside = _send is not None and _send(("inside_call", (item,))) is True
+    if _send is not None and not inside:
         _send(("before_report", (item, call.when)))
     outcome = yield
     if _send is not None:
-        _send(("after_report", (item, call, outcome)))
+        _send(("subtest_report" if inside else "after_report", (item, call, outcome)))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
