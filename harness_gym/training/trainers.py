@@ -28,6 +28,9 @@ class _FrozenPrefixMixin:
 
     def _scorer(self, model: Any) -> FrozenPrefixScorer:
         model = getattr(self, "accelerator").unwrap_model(model)
+        # A peft model's forward takes no KV cache by name (its **kwargs would swallow it
+        # unused); the model inside it carries the LoRA layers and takes one.
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
         scorers = self.__dict__.setdefault("_scorers", {})
         scorer = scorers.get(id(model))
         if scorer is None or scorer.model is not model:
