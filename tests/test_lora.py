@@ -1,6 +1,7 @@
-"""LoRA (harness_gym.training.lora): the weights an engine gets from a LoRA model are exactly
-peft's own merge, under the base model's names; a merged checkpoint directory loads as the base
-model does; SFT with `lora` trains the adapter only; the frozen-prefix scorer sees the adapter."""
+"""LoRA (harness_gym.training.lora): the weights an engine gets from a LoRA model are
+W + alpha/r * B @ A (peft's own merge) under the base model's names; an engine synced with them,
+or loading the materialised adapter, scores as the LoRA model; SFT with `lora` trains the adapter
+only and makes the demonstration likelier; the frozen-prefix scorer sees the adapter."""
 
 from __future__ import annotations
 
@@ -59,6 +60,30 @@ def test_merged_parameters_equal_merge_and_unload_under_the_base_models_names():
                                                        "down_proj.weight"))}
     # nothing merged in place: the LoRA model computes as before
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_each_merged_weight_is_the_base_weight_plus_alpha_over_rank_times_b_at_a():
+    """The arithmetic itself, from the adapter's tensors (not peft's merge, which the test
+    above compares with): W' = W + (alpha / r) * B @ A on each wrapped layer, W elsewhere."""
+    model = trained_lora()
+    merged = dict(merged_named_parameters(model))
+    base = dict(base_model().named_parameters())
+    adapter = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
+    scale = SPEC.alpha / SPEC.rank
+    wrapped = 0
+    for name, weight in base.items():
+        prefix = "base_model.model." + name.removesuffix(".weight")
+        a = adapter.get(f"{prefix}.lora_A.default.weight")
+        if a is None:
+            assert torch.equal(merged[name], weight), name
+            continue
+        b = adapter[f"{prefix}.lora_B.default.weight"]
+        assert a.shape[0] == b.shape[1] == SPEC.rank
+        expected = weight.detach() + scale * (b @ a)
+        assert torch.allclose(merged[name], expected, rtol=0, atol=1e-6), name
+        assert not torch.allclose(merged[name], weight, atol=1e-4), name  # it moved
+        wrapped += 1
+    assert wrapped == 3 * base_model().config.num_hidden_layers  # q, v, down in every layer
 
 
 def test_the_model_inside_a_peft_model_merges_alike_and_a_plain_model_passes_through():
@@ -122,6 +147,44 @@ def test_a_saved_adapter_materialises_as_a_model_directory_of_its_merged_weights
                            saved["model.layers.0.self_attn.q_proj.weight"])
 
 
+def completion_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Teacher-forced logprobs of `completion` after `prompt` under `model` (T=1)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_weights_synced_into_an_engine_score_as_the_materialised_and_the_lora_model(tmp_path):
+    """The two ways a LoRA policy reaches an engine: its merged weights pushed into a running
+    base-model engine (each GRPO step's sync), and the adapter materialised into a model
+    directory an engine loads (an evaluation). Both score a completion as the LoRA model does."""
+    from harness_gym.engines.transformers_engine import TransformersEngine
+    from harness_gym.integrations.weight_transfer import EngineWeightTransfer
+
+    model = trained_lora()
+    model.save_pretrained(tmp_path / "adapter")
+    out = materialise(tmp_path / "adapter", tiny_model_dir(), tmp_path / "merged")
+    prompt, completion = list(range(200, 230)), list(range(300, 316))
+    expected = completion_logprobs(model, prompt, completion)
+    synced = TransformersEngine.from_pretrained(tiny_model_dir())
+    loaded = TransformersEngine.from_pretrained(out)
+    try:
+        before = torch.tensor(synced.score(prompt, completion))
+        assert not torch.allclose(before, expected, atol=1e-3)  # the base model scores apart
+        transfer = EngineWeightTransfer(synced)
+        transfer.pause()
+        transfer.send_weights(merged_named_parameters(model))
+        transfer.resume()
+        assert synced.weights_version == 1
+        for engine in (synced, loaded):
+            got = torch.tensor(engine.score(prompt, completion))
+            assert torch.allclose(got, expected, atol=1e-4), (engine.model_name, got - expected)
+    finally:
+        synced.close()
+        loaded.close()
+
+
 def test_a_loaded_adapter_trains_on_from_where_it_was_saved(tmp_path):
     model = trained_lora()
     model.save_pretrained(tmp_path / "adapter")
@@ -132,22 +195,34 @@ def test_a_loaded_adapter_trains_on_from_where_it_was_saved(tmp_path):
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
-def test_sft_with_lora_trains_only_the_adapter_and_checkpoints_it_with_its_optimizer(tmp_path):
-    from harness_gym.training.sft import sft_trainer
+def demo_rows(tokenizer) -> list[dict[str, list[int]]]:
+    """A demonstration as SFT takes it: the prompt masked out, the agent's answer the loss."""
+    prompt = tokenizer("Fix the bug in add():\n")["input_ids"]
+    answer = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
+    return [{"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}] * 2
+
+
+def test_sft_with_lora_raises_the_demos_logprobs_training_only_the_adapter(tmp_path):
+    from harness_gym.training.sft import masked_nll, sft_trainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     base = base_model()
     frozen = {n: p.detach().clone() for n, p in base.named_parameters()}
-    ids = list(range(100, 180))
-    rows = [{"input_ids": ids, "labels": [-100] * 60 + ids[60:]}] * 2
+    rows = demo_rows(tokenizer)
+    nll_before = masked_nll(base_model(), rows)
     trainer = sft_trainer(base, tokenizer, rows, output_dir=tmp_path / "run",
                           frozen_prefix=True, lora=LoraSpec(rank=2), max_steps=2,
                           learning_rate=1e-2, save_strategy="steps", save_steps=2)
     trainer.train()
-    merged = dict(merged_named_parameters(trainer.model))
-    assert any(not torch.equal(merged[n], frozen[n]) for n in merged)  # the adapter trained
+    # the policy the engines get (merged weights in the base model) is likelier to write the
+    # demonstration than before
+    policy = base_model()
+    policy.load_state_dict(dict(merged_named_parameters(trainer.model)), strict=False)
+    nll_after = masked_nll(policy, rows)
+    assert nll_after < nll_before - 0.05, (nll_before, nll_after)
+    assert masked_nll(trainer.model, rows) == pytest.approx(nll_after, abs=1e-4)
     inner = trainer.model.get_base_model()
-    for name, param in inner.named_parameters():  # and nothing else did
+    for name, param in inner.named_parameters():  # and only the adapter trained
         if "lora_" not in name:
             assert torch.equal(param, frozen[name.replace(".base_layer", "")]), name
     # the frozen-prefix scorer runs the model inside the peft model (KV cache and LoRA layers)

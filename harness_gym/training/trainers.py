@@ -2,7 +2,8 @@
 once per weight version and shared by the rows that start with it (see `frozen_prefix` for the
 exact gradient). Imports TRL: load it only where TRL is installed.
 
-`FrozenPrefixSFTTrainer` is what `harness_gym.training.sft.sft_trainer(..., frozen_prefix=True)` builds.
+`FrozenPrefixSFTTrainer` is what `harness_gym.training.sft.sft_trainer(..., frozen_prefix=True)`
+builds.
 `FrozenPrefixGRPOTrainer` is a drop-in `GRPOTrainer` for `make_rollout_func` rows, whose prompt
 is a Pi episode's first request (~1.6k tokens) and whose completion is the rest of the segment.
 """
