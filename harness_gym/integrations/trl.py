@@ -49,15 +49,16 @@ Where the policy runs:
   samples from the weights being trained and its trace carries the step as its version
   (`tests/test_real_vllm.py` runs two steps so). A LoRA model's weights go merged, under the
   base model's names (`harness_gym.training.lora.merged_named_parameters`). On GPUs,
-  `GRPOConfig(use_vllm=True, vllm_mode="server")` has TRL push the weights itself before every `rollout_func` call (NCCL;
-  `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing the env's engine at that
-  server is the hook, and `vllm_importance_sampling_correction` then corrects with the trace's
-  p_old.
+  `GRPOConfig(use_vllm=True, vllm_mode="server")` has TRL push the weights itself before every
+  `rollout_func` call (NCCL; `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing
+  the env's engine at that server is the hook, and `vllm_importance_sampling_correction` then
+  corrects with the trace's p_old.
 - any other engine spec or `Engine` object is passed to the env unchanged (its weights are then
   the caller's business).
 - `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.scaleout.ray_cluster`; an async
-  trainer passes the same value through) runs the episodes on a Ray cluster: the engine must then be a
-  spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded here.
+  trainer passes the same value through) runs the episodes on a Ray cluster: the engine must then
+  be a spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded
+  here.
 
 How TRL uses p_old (`logprobs`): without vLLM it does not put them in the loss. Its "old" logprobs
 are its own re-computation with the trainer's model (only when generation and optimisation steps
