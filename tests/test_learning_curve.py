@@ -257,8 +257,10 @@ def state_files(folder: Path) -> dict[str, bytes]:
 def test_the_state_folder_holds_adapters_and_compressed_traces_and_no_full_weights(quick):
     files = state_files(quick["state"])
     assert "config.json" in files and all(f"{s}/metrics.json" in files for s in STAGES)
-    assert not [n for n in files if n.endswith("model.safetensors") or n.startswith(".merged")
-                or n.endswith(("tokenizer.json", ".jsonl", "run.pid"))]
+    # no full weights (an adapter is adapter_model.safetensors), no local derivatives
+    assert not [n for n in files if n.startswith(".merged") or Path(n).name in
+                {"model.safetensors", "tokenizer.json", "run.pid"} or n.endswith(".jsonl")]
+    assert any(n.endswith("/adapter_model.safetensors") for n in files)
     assert any(n.startswith("demos/traces/") and n.endswith(".jsonl.gz") for n in files)
     checkpoint = "grpo/trainer/checkpoint-2/"
     assert {checkpoint + f for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
