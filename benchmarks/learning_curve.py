@@ -98,8 +98,8 @@ from curve.journal import (
     JournaledRollout,
     PointSaver,
     StepTimer,
-    last_checkpoint,
     points_of,
+    train_resumed,
 )
 from curve.plan import measured_units, plan
 from curve.policy_server import PolicyServer
@@ -316,7 +316,7 @@ class Pipeline:
             lora=self.lora())
         for callback in [timer, *self.state_callbacks()]:
             trainer.add_callback(callback)
-        trainer.train(resume_from_checkpoint=last_checkpoint(out / "trainer"))
+        train_resumed(trainer, out / "trainer")
         trainer.save_model(out / "model")
         tokenizer.save_pretrained(out / "model")
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
@@ -443,7 +443,7 @@ class Pipeline:
             train_dataset=task_dataset(train_tasks), reward_funcs=harness_reward,
             rollout_func=logged, callbacks=callbacks)
         try:
-            trainer.train(resume_from_checkpoint=last_checkpoint(out / "trainer"))
+            train_resumed(trainer, out / "trainer")
         finally:
             rollout.close()
             self.server.forget()  # the server now holds this run's weights

@@ -20,7 +20,7 @@ pytest.importorskip("peft")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from curve import state as state_module  # noqa: E402
-from curve.journal import last_checkpoint  # noqa: E402
+from curve.journal import last_checkpoint, train_resumed  # noqa: E402
 from curve.state import RunState, StateError  # noqa: E402
 
 CONFIG = {"mode": "quick", "lora_rank": 4}
@@ -140,7 +140,7 @@ class StopAt:
         return _Stop()
 
 
-def sft(work: Path, callbacks: list[Any] = ()) -> Any:
+def sft(work: Path, callbacks: list[Any] = (), *, max_steps: int = 4, save_steps: int = 2) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness_gym.engines.tiny import tiny_model_dir
@@ -153,8 +153,8 @@ def sft(work: Path, callbacks: list[Any] = ()) -> Any:
     answer = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
     rows = [{"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}] * 2
     trainer = sft_trainer(model, tokenizer, rows, output_dir=work / "sft" / "trainer",
-                          frozen_prefix=True, lora=LoraSpec(rank=2), max_steps=4,
-                          learning_rate=1e-2, save_strategy="steps", save_steps=2,
+                          frozen_prefix=True, lora=LoraSpec(rank=2), max_steps=max_steps,
+                          learning_rate=1e-2, save_strategy="steps", save_steps=save_steps,
                           save_total_limit=1, seed=0)
     for callback in callbacks:
         trainer.add_callback(callback)
@@ -199,3 +199,48 @@ def test_a_lora_sft_run_cut_after_a_checkpoint_resumes_from_the_state_on_a_fresh
     # the optimizer state is what makes it the same run: without it Adam starts over
     restarted = resumed(drop=(ckpt + "optimizer.pt",))
     assert any(not torch.allclose(restarted[n], expected[n], atol=1e-6) for n in expected)
+
+
+class Steps:
+    """Counts the optimizer steps a `train()` runs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        counter = self
+
+        class _Count(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                counter.count += 1
+
+        return _Count()
+
+
+def test_a_run_restored_at_its_last_checkpoint_takes_it_and_runs_no_step_more(tmp_path):
+    """3 steps over 2 rows end mid-epoch: transformers 5 resuming that checkpoint runs a 4th
+    step (it checks max_steps after a step; in GRPO one more group of episodes)."""
+    work, folder = tmp_path / "machine-1", tmp_path / "state"
+    done = sft(work, [RunState(folder, work).callback()], max_steps=3, save_steps=3)
+    done.train()
+    expected = adapter(done)
+
+    def on_a_fresh_machine(name: str) -> tuple[Any, Steps, Path]:
+        fresh = tmp_path / name
+        RunState(folder, fresh).restore()
+        steps = Steps()
+        return sft(fresh, [steps.callback()], max_steps=3, save_steps=3), steps, fresh
+
+    trainer, steps, fresh = on_a_fresh_machine("machine-2")
+    train_resumed(trainer, fresh / "sft" / "trainer")
+    assert steps.count == 0 and trainer.state.global_step == 3
+    got = adapter(trainer)
+    assert all(torch.equal(got[n], expected[n]) for n in expected)  # the checkpoint's adapter
+    losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (trainer, done)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]  # the run's own log, as it was
+    # why: the plain resume runs one step past the end
+    trainer, steps, fresh = on_a_fresh_machine("machine-3")
+    trainer.train(resume_from_checkpoint=last_checkpoint(fresh / "sft" / "trainer"))
+    assert steps.count == 1 and trainer.state.global_step == 4
