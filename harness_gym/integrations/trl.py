@@ -48,7 +48,7 @@ Where the policy runs:
   weights are pushed into the server (pause, load, label the step, resume), so every episode
   samples from the weights being trained and its trace carries the step as its version
   (`tests/test_real_vllm.py` runs two steps so). A LoRA model's weights go merged, under the
-  base model's names (`harness_gym.training.lora.merged_named_parameters`). On GPUs,
+  base model's names (`harness_gym.engines.lora_merge`). On GPUs,
   `GRPOConfig(use_vllm=True, vllm_mode="server")` has TRL push the weights itself before every
   `rollout_func` call (NCCL; `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing
   the env's engine at that server is the hook, and `vllm_importance_sampling_correction` then
@@ -85,7 +85,7 @@ from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
-from ..training.lora import merged_named_parameters
+from ..engines.lora_merge import merged_named_parameters
 from .dynamic_sampling import DynamicSampling, refill_groups
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class HarnessRolloutFunc:
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
         version = int(trainer.state.global_step)
         if self.weight_sync is not None and model is not None and version != self._synced_version:
-            # merged: a LoRA model's server takes the base model's names (training/lora.py)
+            # merged: a LoRA model's server takes the base model's names (engines/lora_merge.py)
             self.weight_sync.push(merged_named_parameters(model), version=version)
             self._synced_version = version
         try:

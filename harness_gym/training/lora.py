@@ -5,7 +5,8 @@ a run's checkpoints cannot travel in git from one machine to the next; a rank-8 
 attention's query and value projections is ~1.8 MB. The engines that serve the policy (vLLM's
 `reload_weights`, a `TransformersEngine`) know nothing of adapters: they load the base model's
 parameter names and shapes. So every path from a LoRA model to an engine goes through
-`merged_named_parameters` (each GRPO step's weight sync) or `materialise` (a checkpoint's
+`merged_named_parameters` (each GRPO step's weight sync; it lives in `engines.lora_merge`, so
+the TRL integration reaches it without importing this floor) or `materialise` (a checkpoint's
 adapter, merged into a safetensors directory on local disk, for an evaluation).
 
     >>> from transformers import AutoModelForCausalLM
@@ -20,12 +21,11 @@ adapter, merged into a safetensors directory on local disk, for an evaluation).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from ..engines.lora_merge import UnsupportedAdapterError, merged_named_parameters
 
 __all__ = ["LoraSpec", "UnsupportedAdapterError", "is_adapter_dir", "load_adapter",
            "materialise", "merged_named_parameters", "with_lora"]
@@ -33,11 +33,6 @@ __all__ = ["LoraSpec", "UnsupportedAdapterError", "is_adapter_dir", "load_adapte
 ADAPTER_CONFIG = "adapter_config.json"  # what `save_pretrained` of a peft model writes
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MERGED_FROM = "merged_from.sha256"  # a materialised directory: the adapter it merged
-
-
-class UnsupportedAdapterError(ValueError):
-    """A peft model whose merge this module does not do (DoRA, LoRA biases, embedding LoRA,
-    `modules_to_save`): merge it with `merge_and_unload()` and train the result instead."""
 
 
 @dataclass(frozen=True)
@@ -81,67 +76,6 @@ def load_adapter(base: Any, adapter_dir: str | Path, *, trainable: bool = True) 
 
 def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def merged_named_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """`model`'s parameters as the base model names them, each LoRA-wrapped linear layer's
-    weight merged (W + alpha/rank * B @ A, the value `merge_and_unload()` leaves), the adapter's
-    own tensors left out: what an engine that loads the base model's checkpoint can take.
-    `model` is a peft model or its inner model; a model without LoRA layers yields its
-    `named_parameters()`. Nothing is modified in place; tensors are detached."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    renamed = _lora_renames(inner)
-    for name, param in inner.named_parameters():
-        if name not in renamed:
-            yield name, param.detach()
-            continue
-        new_name, layer = renamed[name]
-        if new_name is None:
-            continue  # lora_A / lora_B: merged into their layer's weight
-        value = param.detach()
-        if layer is not None:
-            value = value + _delta(layer)
-        yield new_name, value
-
-
-def _lora_renames(inner: Any) -> dict[str, tuple[str | None, Any]]:
-    """For each parameter inside a LoRA layer: its base-model name (None: an adapter tensor)
-    and, for the wrapped weight, the layer whose update it takes."""
-    try:
-        from peft.tuners.lora import LoraLayer
-        from peft.utils.other import ModulesToSaveWrapper
-    except ImportError:
-        return {}
-    renames: dict[str, tuple[str | None, Any]] = {}
-    for owner, module in inner.named_modules():
-        if isinstance(module, ModulesToSaveWrapper):
-            raise UnsupportedAdapterError(f"{owner}: modules_to_save is not merged here")
-        if not isinstance(module, LoraLayer):
-            continue
-        adapters = [a for a in module.active_adapters if a in module.lora_A]
-        if (module.lora_embedding_A or getattr(module, "lora_variant", None)
-                or any(getattr(module, "lora_bias", {}).get(a) for a in adapters)):
-            raise UnsupportedAdapterError(f"{owner}: only plain LoRA on linear layers merges here")
-        for sub, _ in module.named_parameters():
-            leaf = sub.removeprefix("base_layer.")
-            merged = leaf == "weight" and not module.merged and adapters
-            renames[f"{owner}.{sub}"] = ((f"{owner}.{leaf}", module if merged else None)
-                                         if sub.startswith("base_layer.") else (None, None))
-    return renames
-
-
-def _delta(layer: Any) -> torch.Tensor:
-    """The layer's update, summed over its active adapters: scaling * B @ A."""
-    total = None
-    for adapter in layer.active_adapters:
-        if adapter not in layer.lora_A:
-            continue
-        a, b = layer.lora_A[adapter].weight.detach(), layer.lora_B[adapter].weight.detach()
-        delta = (b @ a) * layer.scaling[adapter]
-        delta = delta.T if layer.fan_in_fan_out else delta
-        total = delta if total is None else total + delta
-    assert total is not None  # _lora_renames merges only layers with an active adapter
-    return total
 
 
 def materialise(adapter_dir: str | Path, base_dir: str | Path, out_dir: str | Path) -> Path:
