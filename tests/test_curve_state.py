@@ -47,7 +47,8 @@ def a_workdir(root: Path) -> Path:
     write(work, ckpt + "adapter_model.safetensors", bytes(range(256)) * 8)
     write(work, ckpt + "optimizer.pt", b"\x80\x02optimizer" * 30)
     write(work, ckpt + "trainer_state.json", '{"global_step": 2}')
-    for local in (ckpt + "tokenizer.json", ".merged/sft/model/model.safetensors", "run.pid",
+    for local in (ckpt + "tokenizer.json", ckpt + "README.md", "run.pid",
+                  ".merged/sft/model/model.safetensors",
                   "demos/.metrics.json.tmp", "sft/tmp-abc/x"):
         write(work, local, b"local")
     return work

@@ -9,10 +9,11 @@ and `RunState.restore` copies what the workdir lacks back from it before a run r
 
 Left out: merged full weights (`.merged/`, made again from the adapters when needed), the base
 model's tokenizer files (a trainer writes them into every checkpoint; LoRA never changes them),
-temporary files and directories, `run.pid`. JSON and JSON Lines files (traces, GRPO journals)
-are stored gzip-compressed, except each stage's `metrics.json` and the run's `config.json`
-(readable in a diff). Compression is deterministic and unchanged files are not rewritten, so a
-commit of the state holds only what changed.
+peft's model cards (`README.md`, 5 KB beside each adapter), temporary files and directories,
+`run.pid`. JSON and JSON Lines files (traces, GRPO journals) are stored gzip-compressed, except
+each stage's `metrics.json` and the run's `config.json` (readable in a diff).
+Compression is deterministic and unchanged files are not rewritten, so a commit of the state
+holds only what changed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ PLAIN = {"metrics.json", "config.json"}
 COMPRESSED_SUFFIXES = {".json", ".jsonl"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}
-LOCAL_ONLY = {"run.pid"}
+LOCAL_ONLY = {"run.pid", "README.md"}  # README.md: the model card peft writes by an adapter
 
 
 class StateError(SystemExit):
