@@ -9,7 +9,13 @@ The full run is started in the background, and resumed by running the very same 
 
     cd /work/wt/learn && nohup nice -n 10 ./.venv/bin/python benchmarks/learning_curve.py \
         --preset full --workdir ~/.cache/harness-gym/learning-curve/full --no-progress \
-        >> /tmp/learning_full.log 2>&1 &
+        --state benchmarks/results/learning_curve_state/full >> /tmp/learning_full.log 2>&1 &
+
+Every working session gets a fresh machine, where only what is committed survives: the run's
+state travels in git. With `--state benchmarks/results/learning_curve_state/full` each finished
+stage and each trainer checkpoint is saved into that folder (LoRA adapters with their optimizer
+state, traces gzip-compressed; `curve/state.py`), and a new machine's empty workdir is filled
+from it before the run resumes: commit the folder before the session ends.
 
 The committed calibration (`learning_curve_calibrate.json`) was cut at the session's end; it is
 completed (and its `plan` filled in) by resuming it alike:
@@ -36,6 +42,9 @@ checkpoint's evaluation first loads its weights into the server (`VLLMWeightTran
    every episode (JSON Lines).
 2. `sft`: the policy fine-tuned on the passing episodes' agent segments, token for token with
    `loss_mask` as the label mask (`harness_gym.training.sft`, frozen shared prompt prefix).
+   With `lora_rank` > 0 (every preset) it trains a LoRA adapter, which GRPO goes on training;
+   the server always gets merged full weights (`harness_gym.training.lora`), and a checkpoint's
+   adapter is merged into `WORKDIR/.merged/` when an evaluation needs it.
 3. `train-pass`: the calibration of the tier: the SFT policy at the rollout temperature on
    `n_calib_tasks` training tasks (not demonstrated) x `calib_samples`: its pass rate, per bug
    kind, and whether it is in the learnable zone (20-70%). The tier's difficulty knobs are
@@ -81,6 +90,7 @@ from curve.config import (
     CurveConfig,
     arm_reward,
     arm_stages,  # noqa: F401  (tests/test_learning_curve.py reads it here)
+    config_differences,
     parse_overrides,
     wanted,
 )
@@ -88,12 +98,13 @@ from curve.journal import (
     JournaledRollout,
     PointSaver,
     StepTimer,
-    last_checkpoint,
     points_of,
+    train_resumed,
 )
 from curve.plan import measured_units, plan
 from curve.policy_server import PolicyServer
 from curve.process import cpu_seconds, log, preload, torch_threads
+from curve.state import RunState
 from curve.summary import (
     brief,
     headline_summary,
@@ -109,11 +120,15 @@ RESULTS = REPO / "benchmarks" / "results"
 
 class Pipeline:
     def __init__(self, config: CurveConfig, workdir: Path, results_dir: Path, *,
-                 progress: bool = True) -> None:
+                 progress: bool = True, state: Path | None = None) -> None:
         self.config = config
         self.workdir = workdir
         self.results_dir = results_dir
         self.progress = progress
+        self.state = RunState(state, workdir) if state is not None else None
+        if self.state is not None and config.lora_rank < 1:
+            raise SystemExit("--state keeps a run in git: its checkpoints must be LoRA "
+                             "adapters (set lora_rank; full weights are 540 MB for SmolLM2)")
 
     # --- resume bookkeeping -----------------------------------------------------------------
 
@@ -122,11 +137,8 @@ class Pipeline:
         recorded = self.workdir / "config.json"
         mine = dataclasses.asdict(self.config)
         if recorded.exists():
-            theirs = json.loads(recorded.read_text())
-            defaults = {f.name: f.default for f in dataclasses.fields(CurveConfig)}
-            changed = sorted(k for k in mine.keys() | theirs.keys()
-                             if mine.get(k) != theirs.get(k, defaults.get(k)))
-            if changed:  # (a field added since the run started counts at its default)
+            changed = config_differences(mine, json.loads(recorded.read_text()))
+            if changed:
                 raise SystemExit(f"{self.workdir} holds a run with another configuration "
                                  f"(differs in {', '.join(changed)}): resume it with the same "
                                  "settings, or pass another --workdir")
@@ -153,8 +165,13 @@ class Pipeline:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(metrics, indent=2))
         tmp.replace(path)  # atomic: a half-written file never marks a stage done
+        if self.state is not None:
+            self.state.save()
 
     def run(self, stages: list[str]) -> dict[str, Any]:
+        if self.state is not None:  # a fresh machine: the workdir from the committed state
+            self.state.check(dataclasses.asdict(self.config))
+            self.state.restore()
         if not stages and not (self.workdir / "config.json").exists():
             raise SystemExit(f"{self.workdir} holds no run to report on")
         self.check_workdir()
@@ -177,6 +194,8 @@ class Pipeline:
                     f"({cpu_seconds() - started[1]:.0f} CPU s)")
         finally:
             self.server.close()  # the run's vLLM server: stopped however the run ends
+            if self.state is not None:  # what a cut stage has recorded so far, too
+                self.state.save()
         return self.write_results()
 
     # --- models -------------------------------------------------------------------------------
@@ -191,7 +210,31 @@ class Pipeline:
         return resolve_model_dir(self.config.policy)  # tiny-vllm, smollm2 or a directory
 
     def checkpoint(self, name: str) -> Path:
-        return self.base_dir() if name == "base" else self.stage_dir(name) / "model"
+        """Checkpoint `name`'s full weights (a model directory)."""
+        return self.base_dir() if name == "base" else self.weights(self.stage_dir(name) / "model")
+
+    def weights(self, saved: Path) -> Path:
+        """A saved checkpoint as full weights: a LoRA adapter is merged once into the workdir's
+        `.merged/` (local: never in the state, made again from the adapter when needed)."""
+        from harness_gym.training.lora import is_adapter_dir, materialise
+
+        if not is_adapter_dir(saved):
+            return saved
+        return materialise(saved, self.base_dir(),
+                           self.workdir / ".merged" / saved.relative_to(self.workdir))
+
+    def lora(self) -> Any:
+        """The run's `LoraSpec`, None for full fine-tuning."""
+        from harness_gym.training.lora import LoraSpec
+
+        c = self.config
+        if c.lora_rank < 1:
+            return None
+        targets = tuple(t.strip() for t in c.lora_targets.split(",") if t.strip())
+        return LoraSpec(rank=c.lora_rank, alpha=c.lora_alpha or None, targets=targets)
+
+    def state_callbacks(self) -> list[Any]:
+        return [self.state.callback()] if self.state is not None else []
 
     def episode_config(self, engine: Any, temperature: float, max_tokens: int, *,
                        seeded: bool = True) -> Any:
@@ -269,9 +312,11 @@ class Pipeline:
             model, tokenizer, rows, output_dir=out / "trainer", frozen_prefix=True,
             num_train_epochs=c.sft_epochs, learning_rate=c.sft_learning_rate,
             gradient_accumulation_steps=c.sft_grad_accum, seed=c.seed,
-            save_strategy="steps", save_steps=c.sft_save_steps, save_total_limit=1)
-        trainer.add_callback(timer)
-        trainer.train(resume_from_checkpoint=last_checkpoint(out / "trainer"))
+            save_strategy="steps", save_steps=c.sft_save_steps, save_total_limit=1,
+            lora=self.lora())
+        for callback in [timer, *self.state_callbacks()]:
+            trainer.add_callback(callback)
+        train_resumed(trainer, out / "trainer")
         trainer.save_model(out / "model")
         tokenizer.save_pretrained(out / "model")
         losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
@@ -363,12 +408,18 @@ class Pipeline:
         from trl import GRPOConfig
 
         from harness_gym.integrations.trl import harness_reward, make_rollout_func, task_dataset
+        from harness_gym.training.lora import is_adapter_dir, load_adapter
         from harness_gym.training.trainers import FrozenPrefixGRPOTrainer
 
         c = self.config
-        start = self.checkpoint("sft")
-        model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
-        tokenizer = AutoTokenizer.from_pretrained(start)
+        start = self.stage_dir("sft") / "model"
+        if is_adapter_dir(start):  # LoRA: GRPO goes on training the SFT adapter
+            base = AutoModelForCausalLM.from_pretrained(self.base_dir(), dtype="float32")
+            model = load_adapter(base, start, trainable=True)
+            tokenizer = AutoTokenizer.from_pretrained(self.base_dir())
+        else:
+            model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
+            tokenizer = AutoTokenizer.from_pretrained(start)
         train_tasks = self.train_tasks()
         served = self.server.for_training() if c.engine == "vllm" else {}
         rollout = make_rollout_func(
@@ -386,13 +437,13 @@ class Pipeline:
             bf16=False, activation_checkpointing=False, seed=c.seed)
         timer = StepTimer()
         callbacks = [timer] + ([PointSaver(out / "points", eval_every, steps, tokenizer)]
-                               if eval_every else [])
+                               if eval_every else []) + self.state_callbacks()
         trainer = FrozenPrefixGRPOTrainer(
             model=model, processing_class=tokenizer, args=args,
             train_dataset=task_dataset(train_tasks), reward_funcs=harness_reward,
             rollout_func=logged, callbacks=callbacks)
         try:
-            trainer.train(resume_from_checkpoint=last_checkpoint(out / "trainer"))
+            train_resumed(trainer, out / "trainer")
         finally:
             rollout.close()
             self.server.forget()  # the server now holds this run's weights
@@ -415,13 +466,13 @@ class Pipeline:
         from harness_gym.training.evaluation import run_tasks
 
         c = self.config
+        weights = self.weights(weights) if weights is not None else self.checkpoint(name)
         if c.engine == "vllm":
-            engine, own = self.server.serving(name, weights or self.checkpoint(name)), False
+            engine, own = self.server.serving(name, weights), False
         else:
             from harness_gym.engines import TransformersEngine
 
-            engine = TransformersEngine.from_pretrained(weights or self.checkpoint(name),
-                                                        model_name="policy")
+            engine = TransformersEngine.from_pretrained(weights, model_name="policy")
             own = True
         try:
             return run_tasks(
@@ -543,6 +594,9 @@ class Pipeline:
         results["paired"] = paired_table(stages["eval"])
         results["targets"] = targets(stages["eval"])
         results["plan"] = self.plan(results)
+        if self.state is not None:  # what the committed state weighs, stage by stage
+            sizes = self.state.bytes_by_stage()
+            results["state"] = {"bytes_by_stage": sizes, "bytes_total": sum(sizes.values())}
         self.results_dir.mkdir(parents=True, exist_ok=True)
         name = self.results_name
         (self.results_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
@@ -582,6 +636,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoints and traces (default ~/.cache/harness-gym/"
                              "learning-curve/PRESET)")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--state", type=Path, default=None,
+                        help="a folder to commit (e.g. benchmarks/results/learning_curve_state/"
+                             "PRESET): each finished stage and trainer checkpoint is saved "
+                             "into it, and an empty workdir resumes from it (LoRA runs only)")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -612,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
-    pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress)
+    pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress,
+                        state=args.state)
     # A SIGTERM (`kill PID`) ends the run through its `finally`s: the vLLM server (its own
     # session, so no signal reaches it from the terminal) is stopped, not left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,8 +1,9 @@
 """The learning-curve pipeline in its quick mode (tiny-vllm on a real vLLM CPU server, through the
-real Pi CLI): every stage leaves its checkpoint and metrics, the server serves the GRPO rollouts
-(the trainer's weights synced each step) and every evaluation and is gone after the run, the
-results file and plot come out, and a second run resumes without redoing a stage. Plus the
-statistics the curve reports."""
+real Pi CLI, LoRA): every stage leaves its checkpoint and metrics, the server serves the GRPO
+rollouts (the trainer's merged weights synced each step) and every evaluation and is gone after
+the run, the results file and plot come out, a second run resumes without redoing a stage, and
+the run's state folder resumes it on an empty workdir (a fresh machine). Plus the statistics the
+curve reports."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
@@ -32,6 +34,8 @@ STAGES = ("demos", "sft", "train-pass", "lr-sweep", "grpo", "grpo-nopenalty", "g
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import learning_curve  # noqa: E402  (the script, for its plan and journal)
+
+QUICK = learning_curve.PRESETS["quick"]
 
 
 def quick_test(fn):
@@ -55,10 +59,11 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     except VLLMInstallError as exc:
         pytest.skip(f"the quick run serves the policy on vLLM: {exc}")
     root = tmp_path_factory.mktemp("curve")
-    work, results = root / "work", root / "results"
-    done = run_curve("--quick", "--workdir", str(work), "--results", str(results))
+    work, results, state = root / "work", root / "results", root / "state"
+    done = run_curve("--quick", "--workdir", str(work), "--results", str(results),
+                     "--state", str(state))
     assert done.returncode == 0, done.stderr[-4000:]
-    return {"work": work, "results": results, "log": done.stderr,
+    return {"work": work, "results": results, "log": done.stderr, "state": state,
             # as the first run wrote it (the resume tests rewrite the file)
             "first_results": json.loads((results / "learning_curve_quick.json").read_text())}
 
@@ -70,30 +75,38 @@ def metrics(quick: dict[str, Path], stage: str) -> dict:
 @quick_test
 def test_the_demonstrations_are_teacher_episodes_through_pi_recorded_as_traces(quick):
     demos = metrics(quick, "demos")
-    assert demos["summary"]["n_episodes"] == 4
+    assert demos["summary"]["n_episodes"] == QUICK.n_demo_tasks
     assert demos["summary"]["n_passed"] >= 1  # the teacher solves family tasks
     (traces,) = (quick["work"] / "demos" / "traces").glob("*.jsonl")
     rows = [json.loads(line) for line in traces.read_text().splitlines()]
-    assert len(rows) == 4 and all(row["harness"] == "pi" and row["trace"] for row in rows)
+    assert len(rows) == QUICK.n_demo_tasks
+    assert all(row["harness"] == "pi" and row["trace"] for row in rows)
 
 
 @quick_test
-def test_sft_leaves_a_trained_checkpoint_and_its_losses(quick):
+def test_sft_leaves_a_trained_lora_adapter_and_its_losses(quick):
     sft = metrics(quick, "sft")
     assert sft["rows"] >= 1 and sft["optimizer_steps"] >= 1
     assert sft["losses"] and all(math.isfinite(x) for x in sft["losses"])
     assert len(sft["step_s"]) == sft["optimizer_steps"]
     assert 0 < sft["grad_tokens"] < sft["frozen_tokens"]  # the prompt ran without gradient
-    tuned = load_file(quick["work"] / "sft" / "model" / "model.safetensors")
+    saved = quick["work"] / "sft" / "model"
+    assert json.loads((saved / "adapter_config.json").read_text())["r"] == QUICK.lora_rank
+    assert not (saved / "model.safetensors").exists()  # the adapter only
+    # the evaluation merged it: the base model's weights, changed only where LoRA wraps
+    tuned = load_file(quick["work"] / ".merged" / "sft" / "model" / "model.safetensors")
     base = load_file(tiny_vllm_model_dir() / "model.safetensors")
-    assert any(not (tuned[k] == base[k]).all() for k in base)
-    assert (quick["work"] / "sft" / "model" / "tokenizer.json").exists()
+    assert tuned.keys() == base.keys()
+    changed = {k for k in base if not torch.equal(tuned[k], base[k])}
+    targets = tuple(f"{t}.weight" for t in QUICK.lora_targets.split(","))
+    assert changed and all(k.endswith(targets) for k in changed)
+    assert (quick["work"] / ".merged" / "sft" / "model" / "tokenizer.json").exists()
 
 
 @quick_test
 def test_the_tier_is_calibrated_on_training_tasks_at_the_rollout_temperature(quick):
     calib = metrics(quick, "train-pass")
-    config = learning_curve.PRESETS["quick"]
+    config = QUICK
     assert calib["summary"]["n_episodes"] == config.n_calib_tasks * config.calib_samples
     assert calib["summary"]["samples_per_instance"] == config.calib_samples
     assert calib["temperature"] == config.grpo_temperature
@@ -123,7 +136,8 @@ def test_each_grpo_arm_samples_on_the_vllm_server_with_the_trainers_weights_of_e
     grpo = metrics(quick, arm)
     assert [s["step"] for s in grpo["steps"]] == [1, 2]
     for step in grpo["steps"]:
-        assert step["episodes"] == 4 and sum(step["outcomes"].values()) == 4  # a group of 4
+        assert step["episodes"] == QUICK.grpo_group_size  # one group
+        assert sum(step["outcomes"].values()) == QUICK.grpo_group_size
         assert step["rollout_s"] > 0 and step["train_s"] is not None
         # the rollouts of step N sampled the weights after N - 1 optimizer steps, synced in
         assert step["policy_versions"] == [step["step"] - 1]
@@ -136,9 +150,14 @@ def test_each_grpo_arm_samples_on_the_vllm_server_with_the_trainers_weights_of_e
         assert dynamic["dropped_zero_variance"] >= dynamic["masked"]
     assert grpo["optimizer_steps"] == 2
     assert grpo["points"] == [{"step": 1}]  # kept along the run for the evaluation
-    assert (quick["work"] / arm / "points" / "step-1" / "model.safetensors").exists()
-    assert (quick["work"] / arm / "trainer" / "checkpoint-2").is_dir()  # resumable
-    assert (quick["work"] / arm / "model" / "model.safetensors").exists()
+    # adapters (LoRA), merged for the server when evaluated
+    assert (quick["work"] / arm / "points" / "step-1" / "adapter_model.safetensors").exists()
+    assert (quick["work"] / ".merged" / arm / "points" / "step-1" / "model.safetensors").exists()
+    assert (quick["work"] / arm / "model" / "adapter_model.safetensors").exists()
+    # resumable: the adapter, its optimizer state, scheduler, RNG and trainer state
+    checkpoint = quick["work"] / arm / "trainer" / "checkpoint-2"
+    assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+            "trainer_state.json"} <= {p.name for p in checkpoint.iterdir()}
     assert grpo["reward"] == {"grpo": {"tool_penalty": 0.05},
                               "grpo-nopenalty": {"tool_penalty": 0.0},
                               "grpo-flat": {"tool_penalty": 0.05, "penalty": "flat"}}[arm]
@@ -148,18 +167,19 @@ def test_each_grpo_arm_samples_on_the_vllm_server_with_the_trainers_weights_of_e
 @pytest.mark.parametrize("checkpoint", ["base", "sft", "grpo", "grpo-nopenalty", "grpo-flat"])
 def test_each_checkpoint_is_evaluated_on_held_out_tasks_sampled_and_greedy(quick, checkpoint):
     evaluation = metrics(quick, f"eval-{checkpoint}")
-    config = learning_curve.PRESETS["quick"]
+    config = QUICK
     summary = evaluation["summary"]
-    assert summary["n_episodes"] == 2 * config.eval_samples
-    assert summary["n_instances"] == 2 and summary["samples_per_instance"] == config.eval_samples
+    assert summary["n_episodes"] == config.n_heldout * config.eval_samples
+    assert summary["n_instances"] == config.n_heldout
+    assert summary["samples_per_instance"] == config.eval_samples
     assert sum(summary["outcomes"].values()) == summary["n_episodes"]
     low, high = summary["pass_at_1_ci"]
     assert 0 <= low <= summary["pass_at_1"] <= high <= 1
     assert evaluation["sampling"]["temperature"] == config.grpo_temperature
     greedy = summary["greedy"]
-    assert greedy["n_episodes"] == 2 and greedy["samples_per_instance"] == 1
+    assert greedy["n_episodes"] == config.n_heldout and greedy["samples_per_instance"] == 1
     heldout = {e["task_id"] for e in evaluation["episodes"] + greedy["episodes"]}
-    assert len(heldout) == 2 and all("symptom-heldout" in t for t in heldout)
+    assert len(heldout) == config.n_heldout and all("symptom-heldout" in t for t in heldout)
     assert evaluation["server"]["weight_loads"] >= 1  # the checkpoint's weights went in
     if checkpoint.startswith("grpo"):  # the point along the run and the final weights
         assert [p["step"] for p in evaluation["points"]] == [1, 2]
@@ -196,7 +216,8 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
     summary = results["summary"]
     assert set(summary) == {"heldout_instances", "samples_per_instance", "checkpoints",
                             "grpo_gain_points", "grpo_gain_ci", "tool_calls_drop_pct"}
-    assert summary["heldout_instances"] == 2 and summary["samples_per_instance"] == 2
+    assert summary["heldout_instances"] == QUICK.n_heldout
+    assert summary["samples_per_instance"] == QUICK.eval_samples
     assert set(summary["checkpoints"]) == {"base", "sft", "grpo_gated", "grpo_nopenalty",
                                            "grpo_flat"}
     for name, figures in summary["checkpoints"].items():
@@ -210,7 +231,7 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
     low, high = summary["grpo_gain_ci"]
     assert low <= summary["grpo_gain_points"] <= high
     assert results["paired"]["grpo - sft"]["points"] == summary["grpo_gain_points"]
-    assert results["paired"]["grpo - sft"]["n_instances"] == 2
+    assert results["paired"]["grpo - sft"]["n_instances"] == QUICK.n_heldout
     assert "tool_calls_drop_pct" in summary
     png = (quick["results"] / "learning_curve_quick.png").read_bytes()
     assert png.startswith(b"\x89PNG")
@@ -227,27 +248,86 @@ def test_a_second_run_resumes_and_redoes_nothing(quick):
                       for s in STAGES}
 
 
+def state_files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 @quick_test
-def test_a_run_cut_inside_its_stages_resumes_from_their_episodes_and_checkpoints(quick):
+def test_the_state_folder_holds_adapters_and_compressed_traces_and_no_full_weights(quick):
+    files = state_files(quick["state"])
+    assert "config.json" in files and all(f"{s}/metrics.json" in files for s in STAGES)
+    # no full weights (an adapter is adapter_model.safetensors), no local derivatives
+    assert not [n for n in files if n.startswith(".merged") or Path(n).name in
+                {"model.safetensors", "tokenizer.json", "run.pid"} or n.endswith(".jsonl")]
+    assert any(n.endswith("/adapter_model.safetensors") for n in files)
+    assert any(n.startswith("demos/traces/") and n.endswith(".jsonl.gz") for n in files)
+    checkpoint = "grpo/trainer/checkpoint-2/"
+    assert {checkpoint + f for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
+                                     "rng_state.pth", "trainer_state.json.gz")} <= files.keys()
+    assert not any(n.startswith("grpo/trainer/checkpoint-1/") for n in files)  # rotated out
+    sizes = quick["first_results"]["state"]
+    assert sizes["bytes_total"] == sum(len(b) for b in files.values())
+    assert set(sizes["bytes_by_stage"]) == {*STAGES, "config.json"}
+
+
+def import_state(quick: dict[str, Path], root: Path, *, drop: tuple[str, ...] = ()) -> Path:
+    """The quick run's state as a fresh machine gets it (a copy), less the paths `drop`."""
+    state = root / "state"
+    shutil.copytree(quick["state"], state)
+    for rel in drop:
+        path = state / rel
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return state
+
+
+@quick_test
+def test_an_empty_workdir_resumes_from_the_state_folder_with_every_stage_done(quick, tmp_path):
+    state = import_state(quick, tmp_path)
+    before = state_files(state)
+    work = tmp_path / "work"
+    again = run_curve("--quick", "--workdir", str(work), "--results", str(tmp_path / "results"),
+                      "--state", str(state), timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("done earlier, skipped") == len(STAGES)
+    assert "vLLM server for" not in again.stderr  # nothing to serve: no stage ran
+    for stage in STAGES:
+        assert metrics({"work": work}, stage) == metrics(quick, stage)
+    demos = sorted((work / "demos" / "traces").glob("*.jsonl"))  # decompressed, as they were
+    assert [p.read_bytes() for p in demos] == \
+        [p.read_bytes() for p in sorted((quick["work"] / "demos" / "traces").glob("*.jsonl"))]
+    assert state_files(state) == before  # saved again: not a byte changed
+
+
+@quick_test
+def test_a_run_cut_inside_its_stages_resumes_on_a_fresh_machine_from_the_state(quick, tmp_path):
     """What a kill leaves (episodes recorded, trainer checkpoints, GRPO groups journaled, no
-    stage marked done) is taken up again, not redone."""
-    work = quick["work"]
-    before = {s: metrics(quick, s) for s in ("sft", "grpo", "eval-grpo")}
-    eval_files = {p: p.read_bytes() for p in (work / "eval-grpo").rglob("*.jsonl")}
-    for stage in ("sft", "grpo", "eval-grpo"):
-        (work / stage / "metrics.json").unlink()
-    shutil.rmtree(work / "grpo" / "trainer")  # the kill came before the step's checkpoint
-    again = run_curve("--quick", "--workdir", str(work), "--results", str(quick["results"]),
-                      "--stages", "sft,grpo,eval-grpo", timeout=900)
+    stage marked done), committed as the state and imported into an empty workdir, is taken
+    up again, not redone: SFT and `grpo-flat` from their trainer checkpoints (adapter and
+    optimizer state), `grpo` from its journal (the kill came before the step's checkpoint),
+    the evaluation from its recorded episodes."""
+    cut = ("sft", "grpo", "grpo-flat", "eval-grpo")
+    state = import_state(quick, tmp_path, drop=(*(f"{s}/metrics.json" for s in cut),
+                                                "grpo/trainer"))
+    work = tmp_path / "work"
+    again = run_curve("--quick", "--workdir", str(work), "--results", str(tmp_path / "results"),
+                      "--state", str(state), "--stages", ",".join(cut), timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    sft = metrics(quick, "sft")  # resumed from its last checkpoint: no step ran again
-    assert sft["optimizer_steps"] == before["sft"]["optimizer_steps"] and sft["step_s"] == []
+    resumed = {s: metrics({"work": work}, s) for s in cut}
+    sft = resumed["sft"]  # resumed from its imported checkpoint: no step ran again
+    assert sft["optimizer_steps"] == metrics(quick, "sft")["optimizer_steps"]
+    assert sft["step_s"] == []
     assert "grpo step 1 group 0: replayed" in again.stderr  # no episode ran again
     assert "grpo step 2 group 0: replayed" in again.stderr
-    assert [s["outcomes"] for s in metrics(quick, "grpo")["steps"]] == \
-        [s["outcomes"] for s in before["grpo"]["steps"]]
-    assert metrics(quick, "eval-grpo")["episodes"] == before["eval-grpo"]["episodes"]
-    assert {p: p.read_bytes() for p in (work / "eval-grpo").rglob("*.jsonl")} == eval_files
+    assert "grpo-flat step" not in again.stderr  # at its last step already: nothing rolled out
+    for arm in ("grpo", "grpo-flat"):
+        assert [s["outcomes"] for s in resumed[arm]["steps"]] == \
+            [s["outcomes"] for s in metrics(quick, arm)["steps"]]
+        assert resumed[arm]["optimizer_steps"] == 2
+    assert resumed["eval-grpo"]["episodes"] == metrics(quick, "eval-grpo")["episodes"]
+    assert "eval-grpo: done" in again.stderr
+    for stage in cut:  # the state has them again
+        assert (state / stage / "metrics.json").exists()
 
 
 def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):

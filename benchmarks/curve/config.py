@@ -56,6 +56,12 @@ class CurveConfig:
     sft_grad_accum: int = 1
     sft_max_length: int = 8192
     sft_save_steps: int = 5  # optimizer steps between resumable checkpoints
+    # LoRA: 0 is full fine-tuning; else SFT trains an adapter of this rank and GRPO goes on
+    # training it, so every checkpoint is an adapter (a few MB, what a --state folder can keep)
+    # and the vLLM server gets the merged weights (harness_gym.training.lora)
+    lora_rank: int = 0
+    lora_alpha: float = 0.0  # the update's scale is alpha / rank; 0: 2 x rank
+    lora_targets: str = "q_proj,v_proj"  # comma-separated module names
     # calibration of the tier: the SFT policy on training tasks at the rollout temperature
     n_calib_tasks: int = 2
     calib_samples: int = 2
@@ -81,31 +87,37 @@ class CurveConfig:
 
 PRESETS: dict[str, CurveConfig] = {
     # The tiny random model on a real vLLM server: proves every stage runs and computes its
-    # metrics (two GRPO steps per arm, so each arm has a point along its run).
+    # metrics (two GRPO steps per arm, so each arm has a point along its run), through LoRA
+    # as the full run trains, with the fewest episodes that still give every metric (groups of
+    # 2, one sample per instance: its tests take their counts from here).
     "quick": CurveConfig(mode="quick", policy="tiny-vllm", teacher="teacher:tiny,score=0",
-                         vllm_kv_cache_gib=1, sft_save_steps=2,
-                         lr_sweep="1e-4,1e-3", lr_sweep_steps=1, grpo_learning_rate=0.0,
-                         grpo_steps=2, grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
-                         grpo_dynamic_draws=1),
+                         vllm_kv_cache_gib=1, n_demo_tasks=2, sft_save_steps=2, lora_rank=4,
+                         calib_samples=1, lr_sweep="1e-4,1e-3", lr_sweep_steps=1,
+                         grpo_learning_rate=0.0, grpo_steps=2, grpo_group_size=2,
+                         grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
+                         grpo_dynamic_draws=1, eval_samples=1),
     # SmolLM2 with a handful of each unit: the per-unit times that size the full run.
     # (Half an SFT epoch, one arm, one swept rate, one step each: the arms cost alike per
     # episode; it times the units on a machine shared by six, the full run calibrates the tier.)
     "calibrate": CurveConfig(
         mode="calibrate", policy="smollm2", teacher="teacher:smollm2,churn=0.6",
         n_demo_tasks=8, n_heldout=2, max_tokens=192, episode_timeout_s=600, sft_epochs=0.5,
-        sft_learning_rate=1e-4, n_calib_tasks=4, calib_samples=2, lr_sweep="1e-5",
+        sft_learning_rate=5e-4, lora_rank=8, n_calib_tasks=4, calib_samples=2, lr_sweep="1e-4",
         lr_sweep_steps=1, grpo_learning_rate=0.0, grpo_steps=1, grpo_temperature=0.8,
         grpo_arms="gated", grpo_dynamic_draws=1, eval_samples=2),
     # The full run, sized from the calibration (its results' `plan`) to the issue's floors: 30
     # GRPO steps per arm of one group of 4 (dynamic sampling refills up to 2 more), 50
     # held-out instances x 4 samples plus greedy per checkpoint, one point mid-run per arm
-    # (1 sample plus greedy); the rest of the 10 h goes to SFT data.
+    # (1 sample plus greedy); the rest of the 10 h goes to SFT data. LoRA rank 8 on the
+    # attention's q and v (a 1.8 MB adapter; its trainer checkpoint with the optimizer state
+    # 5.6 MB), so the run's state is committed between sittings (`--state`); its learning
+    # rates are LoRA's (about 5x full fine-tuning's: an adapter's update is low-rank).
     "full": CurveConfig(
         mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
         vllm_kv_cache_gib=3,
         n_heldout=50, max_tokens=192, episode_timeout_s=900,
-        sft_epochs=2, sft_learning_rate=1e-4, sft_grad_accum=4, sft_save_steps=3,
-        n_calib_tasks=24, calib_samples=2, lr_sweep="5e-6,2e-5", lr_sweep_steps=3,
+        sft_epochs=2, sft_learning_rate=5e-4, sft_grad_accum=4, sft_save_steps=3, lora_rank=8,
+        n_calib_tasks=24, calib_samples=2, lr_sweep="2e-5,1e-4", lr_sweep_steps=3,
         grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=1,
         grpo_temperature=0.8, grpo_eval_every=15, tool_penalty=0.05,
         grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2, eval_samples=4,
@@ -137,6 +149,14 @@ def wanted(stages: list[str], config: CurveConfig) -> list[str]:
     arms = arm_stages(config)
     skipped = {s for s in ARMS.values() if s not in arms}
     return [s for s in stages if s not in skipped and s.removeprefix("eval-") not in skipped]
+
+
+def config_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The fields in which two recorded configurations differ (a field added since one was
+    recorded counts at its default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(CurveConfig)}
+    return sorted(k for k in mine.keys() | theirs.keys()
+                  if mine.get(k, defaults.get(k)) != theirs.get(k, defaults.get(k)))
 
 
 def parse_overrides(pairs: list[str], config: CurveConfig) -> CurveConfig:

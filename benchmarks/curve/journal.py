@@ -159,3 +159,22 @@ def last_checkpoint(directory: Path) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     return get_last_checkpoint(str(directory)) if directory.is_dir() else None
+
+
+def train_resumed(trainer: Any, directory: Path) -> None:
+    """`trainer.train()`, resumed from its last checkpoint in `directory` if there is one. A
+    checkpoint at the run's last step is taken as it is, not resumed: transformers 5 checks
+    `max_steps` only after a step, so resuming it would run one step more (for GRPO, one more
+    group of episodes, on a run cut between its last checkpoint and its metrics)."""
+    from transformers import TrainerState
+
+    resume = last_checkpoint(directory)
+    if resume is not None:
+        saved = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+        if saved.max_steps and saved.global_step >= saved.max_steps:
+            trainer._load_from_checkpoint(resume)  # its weights (an adapter: into the peft model)
+            trainer.state = saved
+            log(f"{directory.parent.name}: its checkpoint at step {saved.global_step} is its "
+                "last: taken as it is")
+            return
+    trainer.train(resume_from_checkpoint=resume)

@@ -47,16 +47,18 @@ Where the policy runs:
   in vLLM's dev mode on this machine): before the rollouts of each new step the trainer's
   weights are pushed into the server (pause, load, label the step, resume), so every episode
   samples from the weights being trained and its trace carries the step as its version
-  (`tests/test_real_vllm.py` runs two steps so). On GPUs, `GRPOConfig(use_vllm=True,
-  vllm_mode="server")` has TRL push the weights itself before every `rollout_func` call (NCCL;
-  `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing the env's engine at that
-  server is the hook, and `vllm_importance_sampling_correction` then corrects with the trace's
-  p_old.
+  (`tests/test_real_vllm.py` runs two steps so). A LoRA model's weights go merged, under the
+  base model's names (`harness_gym.engines.lora_merge`). On GPUs,
+  `GRPOConfig(use_vllm=True, vllm_mode="server")` has TRL push the weights itself before every
+  `rollout_func` call (NCCL; `trl vllm-serve` is `vllm serve` plus weight endpoints); pointing
+  the env's engine at that server is the hook, and `vllm_importance_sampling_correction` then
+  corrects with the trace's p_old.
 - any other engine spec or `Engine` object is passed to the env unchanged (its weights are then
   the caller's business).
-- `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.scaleout.ray_cluster`; an async trainer
-  passes the same value through) runs the episodes on a Ray cluster: the engine must then be a
-  spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded here.
+- `executor="ray"` or `executor=RayCluster(...)` (`harness_gym.scaleout.ray_cluster`; an async
+  trainer passes the same value through) runs the episodes on a Ray cluster: the engine must then
+  be a spec every node loads (`vllm:URL`); placeholder rows take their tokens from a copy loaded
+  here.
 
 How TRL uses p_old (`logprobs`): without vLLM it does not put them in the loss. Its "old" logprobs
 are its own re-computation with the trainer's model (only when generation and optimisation steps
@@ -83,6 +85,7 @@ from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
+from ..engines.lora_merge import merged_named_parameters
 from .dynamic_sampling import DynamicSampling, refill_groups
 
 if TYPE_CHECKING:
@@ -216,7 +219,8 @@ class HarnessRolloutFunc:
         envs = self._env(len(tasks), group, self._resolve_engine(trainer, model), trainer)
         version = int(trainer.state.global_step)
         if self.weight_sync is not None and model is not None and version != self._synced_version:
-            self.weight_sync.push(model.named_parameters(), version=version)
+            # merged: a LoRA model's server takes the base model's names (engines/lora_merge.py)
+            self.weight_sync.push(merged_named_parameters(model), version=version)
             self._synced_version = version
         try:
             engine: Engine | None = envs.unwrapped.engine  # the Engine, whichever way given
@@ -440,6 +444,10 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _unwrap(trainer: Any) -> Any:
+    """The trainer's model; for a peft model the model inside it (its LoRA layers in place):
+    an engine calls it with a KV cache, which a peft model's forward drops unused."""
     accelerator = getattr(trainer, "accelerator", None)
     model = getattr(trainer, "model", None)
-    return accelerator.unwrap_model(model) if accelerator is not None and model is not None else model
+    if accelerator is not None and model is not None:
+        model = accelerator.unwrap_model(model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model

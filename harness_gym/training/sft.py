@@ -42,7 +42,10 @@ import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .lora import LoraSpec
 
 __all__ = [
     "IGNORE_INDEX",
@@ -178,13 +181,16 @@ def sft_trainer(
     *,
     output_dir: str | os.PathLike[str],
     frozen_prefix: bool = False,
+    lora: LoraSpec | None = None,
     **config: Any,
 ) -> Any:
     """A TRL `SFTTrainer` for `model` (a causal LM, or a model directory) on `rows` (`sft_rows`
     output, a `datasets.Dataset` of such rows, or episodes), not yet trained. `config`
     overrides `sft_config` fields (`num_train_epochs`, `learning_rate`, `max_steps`, ...).
     `frozen_prefix=True` builds a `FrozenPrefixSFTTrainer`: the same loss, with each row's
-    prompt run once without gradient (see `harness_gym.training.frozen_prefix`)."""
+    prompt run once without gradient (see `harness_gym.training.frozen_prefix`). With `lora`
+    only a new LoRA adapter trains (`harness_gym.training.lora`); `save_model` then writes the
+    adapter, and its checkpoints hold the adapter's optimizer state."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -197,7 +203,7 @@ def sft_trainer(
         tokenizer.pad_token = tokenizer.eos_token
     return SFTTrainer(
         model=model, args=sft_config(output_dir, **config), train_dataset=dataset,
-        processing_class=tokenizer,
+        processing_class=tokenizer, peft_config=lora.peft_config() if lora else None,
     )
 
 
@@ -208,12 +214,13 @@ def train_sft(
     *,
     output_dir: str | os.PathLike[str],
     frozen_prefix: bool = False,
+    lora: LoraSpec | None = None,
     **config: Any,
 ) -> Any:
     """`sft_trainer(...)`, trained; returns the trainer (`trainer.model` is the tuned model,
     `trainer.state.log_history` the losses; save with `trainer.save_model(path)`)."""
     trainer = sft_trainer(model, tokenizer, rows, output_dir=output_dir,
-                          frozen_prefix=frozen_prefix, **config)
+                          frozen_prefix=frozen_prefix, lora=lora, **config)
     trainer.train()
     return trainer
 

@@ -2,7 +2,8 @@
 once per weight version and shared by the rows that start with it (see `frozen_prefix` for the
 exact gradient). Imports TRL: load it only where TRL is installed.
 
-`FrozenPrefixSFTTrainer` is what `harness_gym.training.sft.sft_trainer(..., frozen_prefix=True)` builds.
+`FrozenPrefixSFTTrainer` is what `harness_gym.training.sft.sft_trainer(..., frozen_prefix=True)`
+builds.
 `FrozenPrefixGRPOTrainer` is a drop-in `GRPOTrainer` for `make_rollout_func` rows, whose prompt
 is a Pi episode's first request (~1.6k tokens) and whose completion is the rest of the segment.
 """
@@ -28,6 +29,9 @@ class _FrozenPrefixMixin:
 
     def _scorer(self, model: Any) -> FrozenPrefixScorer:
         model = getattr(self, "accelerator").unwrap_model(model)
+        # A peft model's forward takes no KV cache by name (its **kwargs would swallow it
+        # unused); the model inside it carries the LoRA layers and takes one.
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
         scorers = self.__dict__.setdefault("_scorers", {})
         scorer = scorers.get(id(model))
         if scorer is None or scorer.model is not model:

@@ -1,0 +1,171 @@
+"""The run's state in git: what a fresh machine needs to resume a run, small enough to commit.
+
+Why: the full run needs ~10 h of this machine, every working session gets a fresh one, and only
+what is committed survives. A LoRA run's checkpoints are adapters (a few MB, with the adapter's
+optimizer state), so the whole workdir but its local derivatives fits: `RunState.save` mirrors
+the workdir into the state folder (a committed folder such as
+`benchmarks/results/learning_curve_state/full/`) after each stage and each trainer checkpoint,
+and `RunState.restore` copies what the workdir lacks back from it before a run resumes.
+
+Left out: merged full weights (`.merged/`, made again from the adapters when needed), the base
+model's tokenizer files (a trainer writes them into every checkpoint; LoRA never changes them),
+peft's model cards (`README.md`, 5 KB beside each adapter), temporary files and directories,
+`run.pid`. JSON and JSON Lines files (traces, GRPO journals) are stored gzip-compressed, except
+each stage's `metrics.json` and the run's `config.json` (readable in a diff).
+Compression is deterministic and unchanged files are not rewritten, so a commit of the state
+holds only what changed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import config_differences
+from .process import log
+
+#: A file larger than this is refused: a full-weight checkpoint (540 MB for SmolLM2) has no
+#: place in git, and no file of a LoRA run comes near it.
+MAX_FILE_BYTES = 40 << 20
+PLAIN = {"metrics.json", "config.json"}
+COMPRESSED_SUFFIXES = {".json", ".jsonl"}
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}
+LOCAL_ONLY = {"run.pid", "README.md"}  # README.md: the model card peft writes by an adapter
+
+
+class StateError(SystemExit):
+    """A state folder that cannot take this run (another run's, or a file too large for git)."""
+
+
+@dataclass
+class SaveStats:
+    files: int = 0
+    bytes: int = 0
+    written: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+class RunState:
+    """The state folder `directory` of the run in `workdir` (see the module docstring)."""
+
+    def __init__(self, directory: Path, workdir: Path) -> None:
+        self.directory = directory
+        self.workdir = workdir
+
+    def check(self, config: dict[str, Any]) -> None:
+        """Refuse a folder that holds files but no run, or another run's state: saving mirrors
+        the workdir into it (removing what the workdir no longer has)."""
+        recorded = self.directory / "config.json"
+        if recorded.is_file():
+            changed = config_differences(config, json.loads(recorded.read_text()))
+            if changed:
+                raise StateError(f"{self.directory} holds the state of a run with another "
+                                 f"configuration (differs in {', '.join(changed)}): give "
+                                 "another --state folder")
+        elif self.directory.is_dir() and any(self.directory.iterdir()):
+            raise StateError(f"{self.directory} is not a learning-curve state (no config.json): "
+                             "give an empty or new folder")
+
+    def restore(self) -> int:
+        """Copy into the workdir each state file it lacks (decompressed); returns the count.
+        Files the workdir has are its own, newer than the state's."""
+        copied = 0
+        for stored in sorted(self._files(self.directory)):
+            rel = stored.relative_to(self.directory)
+            if rel.name.startswith("."):
+                continue  # a write cut short
+            target = self.workdir / (rel.with_suffix("") if rel.suffix == ".gz" else rel)
+            if target.exists():
+                continue
+            data = stored.read_bytes()
+            _write(target, gzip.decompress(data) if rel.suffix == ".gz" else data,
+                   stored.stat().st_mtime_ns)
+            copied += 1
+        if copied:
+            log(f"state: {copied} files restored from {self.directory} into {self.workdir}")
+        return copied
+
+    def save(self) -> SaveStats:
+        """Mirror the workdir's state files into the folder (see the module docstring)."""
+        stats = SaveStats()
+        wanted = dict(self._exported())
+        for rel, source in wanted.items():
+            stored = self.directory / rel
+            mtime = source.stat().st_mtime_ns
+            if not (stored.exists() and stored.stat().st_mtime_ns == mtime):
+                data = source.read_bytes()
+                if rel.endswith(".gz"):
+                    data = gzip.compress(data, compresslevel=9, mtime=0)
+                if len(data) > MAX_FILE_BYTES:
+                    raise StateError(f"{source} is {len(data) / 2**20:.0f} MB, too large for the "
+                                     "state in git (a full-weight checkpoint? set lora_rank)")
+                _write(stored, data, mtime)
+                stats.written.append(rel)
+            stats.files += 1
+            stats.bytes += stored.stat().st_size
+        for stored in list(self._files(self.directory)):
+            rel = stored.relative_to(self.directory).as_posix()
+            if rel not in wanted:  # e.g. a trainer checkpoint the trainer has since rotated out
+                stored.unlink()
+                stats.removed.append(rel)
+        for folder in sorted(self.directory.rglob("*"), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        if stats.written or stats.removed:
+            log(f"state: {len(stats.written)} files written, {len(stats.removed)} removed; "
+                f"{stats.files} files, {stats.bytes / 2**20:.2f} MB in {self.directory}")
+        return stats
+
+    def bytes_by_stage(self) -> dict[str, int]:
+        """The folder's bytes per top-level entry (a stage, or `config.json`)."""
+        sizes: dict[str, int] = {}
+        for stored in self._files(self.directory):
+            top = stored.relative_to(self.directory).parts[0]
+            sizes[top] = sizes.get(top, 0) + stored.stat().st_size
+        return dict(sorted(sizes.items()))
+
+    def callback(self) -> Any:
+        """A `TrainerCallback` saving the state after each trainer checkpoint (its adapter,
+        the adapter's optimizer state, scheduler, RNG and trainer state)."""
+        from transformers import TrainerCallback
+
+        state = self
+
+        class _SaveState(TrainerCallback):
+            def on_save(self, args: Any, trainer_state: Any, control: Any, **kw: Any) -> None:
+                state.save()
+
+        return _SaveState()
+
+    def _exported(self) -> list[tuple[str, Path]]:
+        """(name in the state folder, workdir file) of every file the state keeps."""
+        out = []
+        for source in sorted(self._files(self.workdir)):
+            rel = source.relative_to(self.workdir)
+            if any(p.startswith((".", "tmp-")) or p.endswith(".tmp") for p in rel.parts) \
+                    or rel.name in TOKENIZER_FILES | LOCAL_ONLY:
+                continue
+            name = rel.as_posix()
+            if rel.suffix in COMPRESSED_SUFFIXES and rel.name not in PLAIN:
+                name += ".gz"
+            out.append((name, source))
+        return out
+
+    @staticmethod
+    def _files(root: Path) -> list[Path]:
+        return [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+
+
+def _write(path: Path, data: bytes, mtime_ns: int) -> None:
+    """Whole or absent, with the given modification time (an unchanged file is recognised by
+    it, so it is neither compressed nor written again)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    tmp.replace(path)

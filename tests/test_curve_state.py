@@ -1,0 +1,247 @@
+"""The learning curve's state folder (benchmarks/curve/state.py), without the pipeline: what it
+keeps and leaves out, that it round-trips byte for byte into an empty workdir (a fresh machine's
+cache), writes nothing for an unchanged workdir, drops what the workdir dropped, refuses another
+run's folder and a file too large for git; and that a LoRA SFT run cut after a checkpoint,
+restored from the folder into a fresh workdir, ends with the adapter of an uncut run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from curve import state as state_module  # noqa: E402
+from curve.journal import last_checkpoint, train_resumed  # noqa: E402
+from curve.state import RunState, StateError  # noqa: E402
+
+CONFIG = {"mode": "quick", "lora_rank": 4}
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write(root: Path, rel: str, data: bytes | str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def a_workdir(root: Path) -> Path:
+    """A workdir as a run leaves it: kept files, and the local ones the state leaves out."""
+    work = root / "work"
+    write(work, "config.json", json.dumps(CONFIG))
+    write(work, "demos/metrics.json", '{"n": 2}')
+    write(work, "demos/traces/teacher.jsonl", '{"trace": [1, 2, 3]}\n' * 50)
+    ckpt = "sft/trainer/checkpoint-2/"
+    write(work, ckpt + "adapter_model.safetensors", bytes(range(256)) * 8)
+    write(work, ckpt + "optimizer.pt", b"\x80\x02optimizer" * 30)
+    write(work, ckpt + "trainer_state.json", '{"global_step": 2}')
+    for local in (ckpt + "tokenizer.json", ckpt + "README.md", "run.pid",
+                  ".merged/sft/model/model.safetensors",
+                  "demos/.metrics.json.tmp", "sft/tmp-abc/x"):
+        write(work, local, b"local")
+    return work
+
+
+def test_the_state_keeps_the_run_compressed_and_leaves_local_files_out(tmp_path):
+    work = a_workdir(tmp_path)
+    stats = RunState(tmp_path / "state", work).save()
+    kept = files(tmp_path / "state")
+    assert sorted(kept) == sorted(stats.written) == [
+        "config.json", "demos/metrics.json", "demos/traces/teacher.jsonl.gz",
+        "sft/trainer/checkpoint-2/adapter_model.safetensors",
+        "sft/trainer/checkpoint-2/optimizer.pt",
+        "sft/trainer/checkpoint-2/trainer_state.json.gz"]
+    trace = (work / "demos/traces/teacher.jsonl").read_bytes()
+    assert gzip.decompress(kept["demos/traces/teacher.jsonl.gz"]) == trace
+    assert len(kept["demos/traces/teacher.jsonl.gz"]) < len(trace) / 5
+    assert stats.bytes == sum(map(len, kept.values()))
+    assert RunState(tmp_path / "state", work).bytes_by_stage() == {
+        "config.json": len(kept["config.json"]),
+        "demos": sum(len(b) for n, b in kept.items() if n.startswith("demos/")),
+        "sft": sum(len(b) for n, b in kept.items() if n.startswith("sft/"))}
+
+
+def test_an_empty_workdir_gets_the_run_back_byte_for_byte_and_a_resave_writes_nothing(tmp_path):
+    work = a_workdir(tmp_path)
+    RunState(tmp_path / "state", work).save()
+    stored = files(tmp_path / "state")
+    fresh = tmp_path / "fresh-cache" / "learning-curve" / "quick"
+    restored = RunState(tmp_path / "state", fresh)
+    restored.check(CONFIG)
+    assert restored.restore() == len(stored)
+    original = files(work)
+    assert files(fresh) == {n: original[n] for n in (
+        "config.json", "demos/metrics.json", "demos/traces/teacher.jsonl",
+        "sft/trainer/checkpoint-2/adapter_model.safetensors",
+        "sft/trainer/checkpoint-2/optimizer.pt", "sft/trainer/checkpoint-2/trainer_state.json")}
+    assert restored.restore() == 0  # what the workdir has is its own
+    again = restored.save()
+    assert again.written == again.removed == [] and files(tmp_path / "state") == stored
+
+
+def test_the_state_follows_the_workdir_a_rotated_checkpoint_leaves_it(tmp_path):
+    work = a_workdir(tmp_path)
+    state = RunState(tmp_path / "state", work)
+    state.save()
+    (work / "sft/trainer/checkpoint-2").rename(work / "sft/trainer/checkpoint-4")
+    stats = state.save()
+    assert sorted(stats.removed) == [f"sft/trainer/checkpoint-2/{n}" for n in (
+        "adapter_model.safetensors", "optimizer.pt", "trainer_state.json.gz")]
+    assert not (tmp_path / "state/sft/trainer/checkpoint-2").exists()  # no empty folder left
+    assert (tmp_path / "state/sft/trainer/checkpoint-4/optimizer.pt").is_file()
+
+
+def test_another_runs_folder_and_a_full_weight_file_are_refused(tmp_path, monkeypatch):
+    work = a_workdir(tmp_path)
+    RunState(tmp_path / "state", work).save()
+    with pytest.raises(StateError, match="lora_rank"):
+        RunState(tmp_path / "state", work).check({**CONFIG, "lora_rank": 8})
+    write(tmp_path, "other/notes.txt", "mine")
+    with pytest.raises(StateError, match="no config.json"):
+        RunState(tmp_path / "other", work).check(CONFIG)
+    monkeypatch.setattr(state_module, "MAX_FILE_BYTES", 1024)
+    write(work, "sft/model/model.safetensors", b"w" * 2048)
+    with pytest.raises(StateError, match="too large"):
+        RunState(tmp_path / "state", work).save()
+    assert not (tmp_path / "state/sft/model/model.safetensors").exists()
+
+
+# --- a LoRA trainer checkpoint through the state ----------------------------------------------
+
+
+class StopAt:
+    """Ends training after global step `step` (its checkpoint saved): a kill after it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        stop = self.step
+
+        class _Stop(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+                if state.global_step >= stop:
+                    control.should_training_stop = True
+                return control
+
+        return _Stop()
+
+
+def sft(work: Path, callbacks: list[Any] = (), *, max_steps: int = 4, save_steps: int = 2) -> Any:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness_gym.engines.tiny import tiny_model_dir
+    from harness_gym.training.lora import LoraSpec
+    from harness_gym.training.sft import sft_trainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype="float32")
+    prompt = tokenizer("Fix the bug in add():\n")["input_ids"]
+    answer = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
+    rows = [{"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}] * 2
+    trainer = sft_trainer(model, tokenizer, rows, output_dir=work / "sft" / "trainer",
+                          frozen_prefix=True, lora=LoraSpec(rank=2), max_steps=max_steps,
+                          learning_rate=1e-2, save_strategy="steps", save_steps=save_steps,
+                          save_total_limit=1, seed=0)
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    return trainer
+
+
+def adapter(trainer: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+
+def test_a_lora_sft_run_cut_after_a_checkpoint_resumes_from_the_state_on_a_fresh_workdir(
+        tmp_path):
+    uncut = sft(tmp_path / "uncut")
+    uncut.train()
+    expected = adapter(uncut)
+
+    work, folder = tmp_path / "machine-1", tmp_path / "state"
+    cut = sft(work, [RunState(folder, work).callback(), StopAt(2).callback()])
+    cut.train()
+    assert cut.state.global_step == 2
+    at_cut = adapter(cut)
+    ckpt = "sft/trainer/checkpoint-2/"
+    assert {ckpt + n for n in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
+                               "rng_state.pth", "trainer_state.json.gz")} <= files(folder).keys()
+    assert sum(map(len, files(folder).values())) < 1 << 20  # an adapter, not the model
+
+    def resumed(drop: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+        fresh = tmp_path / f"machine-{len(drop) + 2}"
+        RunState(folder, fresh).restore()
+        for rel in drop:
+            (fresh / rel).unlink()
+        trainer = sft(fresh)
+        trainer.train(resume_from_checkpoint=last_checkpoint(fresh / "sft" / "trainer"))
+        assert trainer.state.global_step == 4
+        return adapter(trainer)
+
+    got = resumed()
+    assert got.keys() == expected.keys()
+    assert any(not torch.equal(got[n], at_cut[n]) for n in got)  # steps 3 and 4 ran
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], atol=1e-6), name
+    # the optimizer state is what makes it the same run: without it Adam starts over
+    restarted = resumed(drop=(ckpt + "optimizer.pt",))
+    assert any(not torch.allclose(restarted[n], expected[n], atol=1e-6) for n in expected)
+
+
+class Steps:
+    """Counts the optimizer steps a `train()` runs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        counter = self
+
+        class _Count(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                counter.count += 1
+
+        return _Count()
+
+
+def test_a_run_restored_at_its_last_checkpoint_takes_it_and_runs_no_step_more(tmp_path):
+    """3 steps over 2 rows end mid-epoch: transformers 5 resuming that checkpoint runs a 4th
+    step (it checks max_steps after a step; in GRPO one more group of episodes)."""
+    work, folder = tmp_path / "machine-1", tmp_path / "state"
+    done = sft(work, [RunState(folder, work).callback()], max_steps=3, save_steps=3)
+    done.train()
+    expected = adapter(done)
+
+    def on_a_fresh_machine(name: str) -> tuple[Any, Steps, Path]:
+        fresh = tmp_path / name
+        RunState(folder, fresh).restore()
+        steps = Steps()
+        return sft(fresh, [steps.callback()], max_steps=3, save_steps=3), steps, fresh
+
+    trainer, steps, fresh = on_a_fresh_machine("machine-2")
+    train_resumed(trainer, fresh / "sft" / "trainer")
+    assert steps.count == 0 and trainer.state.global_step == 3
+    got = adapter(trainer)
+    assert all(torch.equal(got[n], expected[n]) for n in expected)  # the checkpoint's adapter
+    losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (trainer, done)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]  # the run's own log, as it was
+    # why: the plain resume runs one step past the end
+    trainer, steps, fresh = on_a_fresh_machine("machine-3")
+    trainer.train(resume_from_checkpoint=last_checkpoint(fresh / "sft" / "trainer"))
+    assert steps.count == 1 and trainer.state.global_step == 4
