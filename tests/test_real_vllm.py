@@ -489,12 +489,15 @@ class StreamWatch:
         with self._lock:
             return {key for key, n in self._streaming.items() if n > 0}
 
-    def wait_for(self, session: str, others: int, timeout_s: float) -> None:
-        """Until `session` and `others` other sessions have a call mid-generation at once."""
+    def wait_for(self, session: str, others: int, timeout_s: float, url: str) -> None:
+        """Until `session` and `others` other sessions have a call mid-generation at once, and
+        the server at `url` is still generating that many: a stream read behind what the server
+        sent may already be whole in the socket buffers, and then outlives a kill."""
         deadline = time.monotonic() + timeout_s
-        while not (session in (now := self.sessions()) and len(now) > others):
+        while not (session in (now := self.sessions()) and len(now) > others
+                   and _metric(url, "vllm:num_requests_running") > others):
             assert time.monotonic() < deadline, f"streaming: {now}; waited for {session} + {others}"
-            time.sleep(0.02)
+            time.sleep(0.05)
 
 
 @pytest.mark.skip(reason="flaky, cause not found (#24): on 2026-12-02 it failed 4 of 6 runs here "
@@ -555,7 +558,8 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
             streaming = threading.Thread(target=chat)
             episode.start()
             streaming.start()
-            watch.wait_for(session.session_id, others=1, timeout_s=180)  # and the episode's
+            watch.wait_for(session.session_id, others=1, timeout_s=180,  # and the episode's
+                           url=second.url)
             os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
             second.process.wait(30)
             streaming.join(60)
