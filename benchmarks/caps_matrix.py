@@ -6,7 +6,8 @@ with the cgroup taken away, as in a container without a writable cgroupfs) and `
 the daemon applies its caps whoever asks): caps of 64 processes, 512 MiB and 64 MiB, then in one
 sandbox a command that forks 300 times, one that allocates 1 GiB, one that writes 128 MiB, and a
 process that leaves its session with a scrubbed environment (`env -i setsid -f`) before
-`kill_processes()`; and whether the env refuses to start there (`require_caps`) and starts with
+`kill_processes()`; in fresh sandboxes, a fork bomb held at the cap (not run where no cap
+holds) and a burst that holds the cap for 2 s; and whether the env refuses to start there (`require_caps`) and starts with
 `allow_uncapped=True`. Bounded: a few hundred processes, 1 GiB.
 
     python benchmarks/caps_matrix.py            # measure, write the results file and the doc
@@ -68,6 +69,17 @@ def _escapee(row: dict) -> str:
     return "killed" if esc["left_after_kill"] == 0 else "**survives**"
 
 
+def _bomb(row: dict) -> str:
+    bomb = row.get("bomb") or {"skipped": "not measured"}
+    if "skipped" in bomb:
+        return f"not run ({bomb['skipped']})"
+    if bomb["ended_s"] is None or not bomb["fault"]:
+        return "**not stopped** in 60 s"
+    burst = "; a 2 s burst at the cap: " + ("not stopped" if bomb["burst_fault"] is None
+                                             else "**stopped**")
+    return f"turn ended at {bomb['ended_s']:g} s, `fault` set{burst}"
+
+
 def _how(caps: str | None) -> str:
     return "**none**" if not caps else caps.split(" (")[0].replace("=", " ")
 
@@ -76,8 +88,8 @@ def render(results: dict) -> str:
     lines = [
         "| backend, user | processes (300 forks) | memory (1 GiB in one process) "
         "| disk (128 MiB file) | `env -i` + setsid escapee after `kill_processes()` "
-        "| without `allow_uncapped` |",
-        "|---|---|---|---|---|---|",
+        "| fork bomb held at the cap | without `allow_uncapped` |",
+        "|---|---|---|---|---|---|---|",
     ]
     for user, names in (("root", ("bwrap", "local", "docker")), ("non-root", ("bwrap", "local")),
                         ("root, no writable cgroupfs", ("bwrap", "local"))):  # fmt: skip
@@ -85,7 +97,7 @@ def render(results: dict) -> str:
             row = results[user].get(name) or results[user]
             label = f"{name}, {user}"
             if "unavailable" in row:
-                lines.append(f"| {label} | not measured: {row['unavailable']} | | | | |")
+                lines.append(f"| {label} | not measured: {row['unavailable']} | | | | | |")
                 continue
             caps = row["caps"]
             refusal = f"refuses (`{row['refused']}`)" if row["refused"] else "starts"
@@ -94,7 +106,8 @@ def render(results: dict) -> str:
             processes = f"{_how(caps['pids'])}: {row['forked']} started"
             memory = f"{_how(caps['memory'])}: {_memory(row)}"
             lines.append(
-                f"| {label} | {processes} | {memory} | {_disk(row)} | {_escapee(row)} | {refusal} |"
+                f"| {label} | {processes} | {memory} | {_disk(row)} | {_escapee(row)} "
+                f"| {_bomb(row)} | {refusal} |"
             )
     return "\n".join(lines)
 

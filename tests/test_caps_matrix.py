@@ -50,6 +50,10 @@ def test_where_every_cap_holds_the_attacks_stopped_at_it() -> None:
         assert "1073741824" not in " ".join(row["memory"]), (user, name, row)
         assert int(row["disk"][-1]) <= limits["disk_mib"] * 2**20, (user, name, row)
         assert row["escapee"]["started"] >= 1 and row["escapee"]["left_after_kill"] == 0, row
+        # A bomb holding the cap ends the turn with the reason; a 2 s burst does not.
+        assert row["bomb"]["ended_s"] is not None and row["bomb"]["ended_s"] < 45, row
+        assert "process cap of 64" in row["bomb"]["fault"], row
+        assert row["bomb"]["burst_fault"] is None, row
 
 
 def test_a_missing_process_cap_is_root_without_a_cgroup_only() -> None:

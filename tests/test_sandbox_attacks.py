@@ -376,7 +376,8 @@ def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
 ) -> None:
     tasks = TASKS[3:8]
     token = uuid.uuid4().hex
-    bomb = f"bash -c 'b() {{ b | b & }}; b; : {token}' >/dev/null 2>&1 </dev/null; sleep 2"
+    # In the foreground: Pi's tool call waits on it, so its turn cannot go on beside the bomb.
+    bomb = f"bash -c 'b() {{ b | b; }}; b; : {token}' >/dev/null 2>&1 </dev/null"
     fill = "for i in $(seq 4000); do head -c 1048576 /dev/zero > fill$i || break; done"
     # Straight into the CLI's own stdout, which the env reads back: 100 MiB of it.
     flood = ("pi=$(pgrep -o -f 'pi -p') && head -c 104857600 /dev/zero | tr '\\0' x "
@@ -404,10 +405,10 @@ def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
     finally:
         vec.close()
     outcomes = list(infos["outcome"])
-    # The bomb: its episode ends alone, but not always at the cap: on two loaded cores (the
-    # fresh-clone CI of 2026-12-02) Pi waited out the 300 s with its pid table full. #23 item 4
-    # asks for harness_error there; until the env tells a full pid cap apart, a timeout counts.
-    assert outcomes[0] in ("failed", "harness_error", "timeout"), infos["error"][0]
+    # The bomb: its episode ends alone, at the full pid cap (`sandbox/_pids.py`), with the
+    # reason (before, Pi could wait out the 300 s with its pid table full).
+    assert outcomes[0] == "harness_error" and "process cap of 256" in infos["error"][0], (
+        outcomes[0], infos["error"][0])
     assert outcomes[1] == "harness_error" and "disk cap" in infos["error"][1]
     assert outcomes[2] in ("failed", "harness_error"), infos["error"][2]
     assert outcomes[3] == "passed" and rewards[3] > 0, infos["error"][3]

@@ -15,7 +15,7 @@ import pytest
 from harness_gym.sandbox import caps as caps_module
 from harness_gym.sandbox import local as local_module
 from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
-from harness_gym.sandbox.base import SandboxLimits
+from harness_gym.sandbox.base import SandboxLimits, SandboxSpec
 from harness_gym.sandbox.caps import UncappedSandboxError, require_caps
 from harness_gym.sandbox.local import LocalSandboxBackend
 from support.as_user import why_not
@@ -47,6 +47,10 @@ def test_processes_memory_and_disk_are_capped_on_local_and_bwrap(user: str) -> N
         assert got["disk"][0] != "rc=0", got  # RLIMIT_FSIZE: File too large
         assert int(got["disk"][-1]) <= 64 * 2**20, got
         assert got["escapee"]["started"] >= 1 and got["escapee"]["left_after_kill"] == 0, got
+        # A fork bomb's turn ends at the full cap, with the reason, well before the timeout.
+        assert got["bomb"]["ended_s"] is not None and got["bomb"]["ended_s"] < 45, got
+        assert "process cap of 64" in (got["bomb"]["fault"] or ""), got
+        assert got["bomb"]["burst_fault"] is None, got  # at the cap for 2 s, then it drains
         if user == "root":
             assert got["caps"]["pids"].startswith("cgroup"), got
         else:
@@ -110,3 +114,24 @@ def test_an_env_with_an_uncapped_backend_does_not_start(monkeypatch: pytest.Monk
             env.reset(seed=0)
     finally:
         env.close()
+
+
+def test_a_fork_bomb_in_a_container_ends_its_turn_at_the_pids_limit_with_the_reason() -> None:
+    """Docker's pids_limit holds the bomb (bounded: 64); the container's count held there ends
+    the agent's turn (`sandbox/_pids.py`) instead of leaving the CLI to wait for the timeout."""
+    from harness_gym.sandbox.docker import DockerSandboxBackend, docker_unavailable
+
+    if why := docker_unavailable():
+        pytest.skip(why)
+    backend = DockerSandboxBackend()
+    backend.set_limits(SandboxLimits(pids=64, memory_bytes=512 * 2**20, disk_bytes=64 * 2**20))
+    try:
+        with backend.create(SandboxSpec()) as box:
+            job = box.start("bash -c 'b() { b | b & }; b' >/dev/null 2>&1 </dev/null; sleep 1000")
+            result = job.wait(timeout=60)
+            assert not result.timed_out
+            assert "process cap of 64" in (box.fault or ""), box.fault
+            box.kill_processes()
+            assert box.exec("echo alive").stdout.strip() == "alive"  # usable again after
+    finally:
+        backend.close()

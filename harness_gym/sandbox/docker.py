@@ -78,7 +78,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import _pids
 from . import _processes as procs
+from ._pids import CountCensus, PidsWatch
 from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import (
@@ -332,6 +334,8 @@ class DockerSandbox(Sandbox):
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
         self._volume: Any = None
         self._disk = backend.disk
+        self._pids_watch = PidsWatch(CountCensus(self._pids_now), backend.pids, self._pids_full,
+                                     interval_s=1.0)
         self._env = {
             "PATH": _CONTAINER_PATH,
             "LANG": "C.UTF-8",
@@ -501,6 +505,7 @@ class DockerSandbox(Sandbox):
         job = self._spawn(command, cwd, env, out, "/dev/null", emit=False)
         with self._lock:
             self._jobs.append(job)
+        self._pids_watch.start()  # the agent's turn: a harness runs in the background
         return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -571,21 +576,12 @@ class DockerSandbox(Sandbox):
         """Kill every process in the container but its own init and sleep, and stop the proxy
         relay (see `Sandbox.kill_processes`)."""
         self._check_open()
+        self._pids_watch.stop()
         self._stop_relays()
-        said, code = "", 1
-        for _ in range(50):  # the exec needs a free pid: a fork bomb may hold every one
-            try:
-                done = self.container.exec_run(["sh", "-c", _KILL_ALL])
-            except _docker().errors.APIError as exc:
-                said, code = str(exc), 1
-                if self._stopped():  # its processes are gone with it; grading cannot run
-                    self.fault = "the agent stopped its own container (killed its init or sleep)"
-                    return
-            else:
-                said, code = done.output.decode(errors="replace"), done.exit_code
-                if code == 0:
-                    break
-            time.sleep(0.1)
+        said, code = self._kill_all()
+        if code != 0 and self._stopped():  # its processes are gone with it; grading cannot run
+            self.fault = "the agent stopped its own container (killed its init or sleep)"
+            return
         if code != 0:
             raise SandboxError(f"processes of sandbox {self.id} survived SIGKILL: {said[-500:]}")
         self._may_have_processes = False
@@ -595,6 +591,38 @@ class DockerSandbox(Sandbox):
                 f"the agent filled the sandbox's disk (/sandbox, {self._disk}): commands "
                 "cannot write their output there any more"
             )
+
+    def _kill_all(self) -> tuple[str, int]:
+        """SIGKILL every process but the container's init and sleep: what the kill said, and
+        its exit code (0: done)."""
+        said, code = "", 1
+        for _ in range(50):  # the exec needs a free pid: a fork bomb may hold every one
+            try:
+                done = self.container.exec_run(["sh", "-c", _KILL_ALL])
+            except _docker().errors.APIError as exc:
+                said, code = str(exc), 1
+                if self._stopped():
+                    break
+            else:
+                said, code = done.output.decode(errors="replace"), done.exit_code
+                if code == 0:
+                    break
+            time.sleep(0.1)
+        return said, code
+
+    def _pids_now(self) -> int:
+        try:
+            stats = self._api.stats(self.container.id, stream=False, one_shot=True)
+        except _docker().errors.DockerException:  # gone or stopped: nothing to count
+            return 0
+        return int((stats.get("pids_stats") or {}).get("current") or 0)
+
+    def _pids_full(self, limit: int) -> None:
+        self.fault = (
+            f"the sandbox's processes held its process cap of {limit} for {_pids.HELD_S:g} s "
+            f"(a fork bomb or a runaway): its processes were killed"
+        )
+        self._kill_all()
 
     def _stopped(self) -> bool:
         try:
@@ -609,6 +637,7 @@ class DockerSandbox(Sandbox):
                 return
             self._closed = True
             jobs, self._jobs = self._jobs, []
+        self._pids_watch.stop()
         docker = _docker()
         container = getattr(self, "container", None)
         if container is not None:

@@ -23,7 +23,8 @@ cgroup where one can be made (root), else by rlimits (`_rlimits.py`: RLIMIT_NPRO
 namespace of the command's own, which a non-root user can make; RLIMIT_DATA per process);
 `disk_bytes` on the sandbox's tree (a check while the agent runs, `_disk.py`: over it, the
 sandbox kills its processes and sets `fault`), RLIMIT_FSIZE at the same size on every command.
-A process the kernel killed at the cgroup's memory cap also sets `fault`. What `exec`/`Job.wait`
+A process the kernel killed at the cgroup's memory cap also sets `fault`, and so does a process
+table held full (`_pids.py`: a fork bomb ends its episode at once, not at the timeout). What `exec`/`Job.wait`
 return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
 
 Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close()`)::
@@ -51,11 +52,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from . import _pidns
+from . import _pids, _pidns
 from . import _processes as procs
 from . import _rlimits
 from ._cgroups import SandboxCgroup, cgroup_parent, memory_parent, reap_stale_cgroups
 from ._disk import DiskWatch
+from ._pids import CgroupCensus, MarkedCensus, PidsWatch
 from .base import (
     DEFAULT_DISK_BYTES,
     DEFAULT_MEMORY_BYTES,
@@ -266,6 +268,10 @@ class LocalSandbox(Sandbox):
         self._outer = [*(self._cgroup.launcher() if self._cgroup else []), *rlimits]
         self._inner = self._nproc_launcher()
         self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
+        census = (CgroupCensus(self._cgroup.path) if self._cgroup is not None
+                  else MarkedCensus(procs.SANDBOX_MARKER, self.id) if self._nproc else None)
+        self._pids_watch = (PidsWatch(census, self.limits.pids, self._pids_full)
+                            if census is not None else None)
 
     def _nproc_prefix(self) -> tuple[str, ...] | None:
         return _local_nproc_prefix()
@@ -311,6 +317,21 @@ class LocalSandbox(Sandbox):
             self._kill_all()
         except SandboxError:
             pass  # close() tries again
+
+    def _pids_full(self, limit: int) -> None:
+        self.fault = (
+            f"the sandbox's processes held its process cap of {limit} for {_pids.HELD_S:g} s "
+            f"with forks refused (a fork bomb or a runaway): its processes were killed"
+        )
+        try:
+            self._kill_all()
+        except SandboxError:
+            pass  # close() tries again
+
+    def _stop_watches(self) -> None:
+        self._disk_watch.stop()
+        if self._pids_watch is not None:
+            self._pids_watch.stop()
 
     # -- paths and environment -------------------------------------------------------------
 
@@ -410,6 +431,8 @@ class LocalSandbox(Sandbox):
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
         job = self._spawn(command, cwd, env, out, None, background=True)
         self._disk_watch.start()  # the agent's turn: a harness runs in the background
+        if self._pids_watch is not None:
+            self._pids_watch.start()
         return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -443,7 +466,7 @@ class LocalSandbox(Sandbox):
         Exact where the sandbox has a pid namespace (`_pidns`) or a cgroup; else processes
         that scrubbed their environment and left their session escape (the module doc)."""
         self._check_open()
-        self._disk_watch.stop()
+        self._stop_watches()
         self._kill_all()
         self._check_memory_kills()
         self._may_have_processes = False
@@ -453,7 +476,7 @@ class LocalSandbox(Sandbox):
             if self._closed:
                 return
             self._closed = True
-        self._disk_watch.stop()
+        self._stop_watches()
         try:
             self._kill_all()
         finally:

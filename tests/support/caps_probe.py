@@ -2,7 +2,8 @@
 docs/reward-integrity.md) and `tests/test_sandbox_caps.py` (its assertions), so both measure the
 same thing: caps of 64 processes, 512 MiB and 64 MiB, then in one sandbox a command that forks 300
 times, one that allocates 1 GiB, one that writes 128 MiB, and a process that leaves its session
-with a scrubbed environment (`env -i setsid -f`) before `kill_processes()`; and whether the env
+with a scrubbed environment (`env -i setsid -f`) before `kill_processes()`; in fresh sandboxes, a fork bomb held at the cap (bounded by it; not run
+where no cap holds) and a burst that holds the cap for 2 s; and whether the env
 refuses to start (`require_caps`) and starts with `allow_uncapped=True`.
 
 `run_probe(names, as_user=..., extra=...)` runs `caps_probe_script.py` in a fresh interpreter,

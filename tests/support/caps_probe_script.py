@@ -25,6 +25,8 @@ MEMORY = "python3 -c 'b = bytearray(2**30); print(len(b))' 2>&1 | tail -1; echo 
 # capped /sandbox, which the file has just filled.
 DISK = ("head -c 134217728 /dev/zero > big 2>/dev/null; r=$?; s=$(stat -c %s big); rm -f big; "
         "echo rc=$r; echo $s")
+# Bounded by the cap it fills (64 here): a fork bomb whose processes keep every slot taken.
+BOMB = "bash -c 'b() { b | b & }; b' >/dev/null 2>&1 </dev/null; sleep 1000"
 limits = SandboxLimits(pids=64, memory_bytes=512 * 2**20, disk_bytes=64 * 2**20)
 
 def alive(mark):
@@ -55,8 +57,8 @@ def measure(backend):
         row = {
             "caps": {"pids": caps.pids, "memory": caps.memory, "disk": caps.disk},
             "missing": caps.missing(),
-            "pids_limited": box.pids_limited,
-            "memory_limited": box.memory_limited,
+            "pids_limited": getattr(box, "pids_limited", None),  # local and bwrap say
+            "memory_limited": getattr(box, "memory_limited", None),
             "refused": refused,
             "allow_uncapped": opted_out,
             "forked": int(box.exec(["python3", "-c", FORK]).stdout.strip() or -1),
@@ -72,7 +74,24 @@ def measure(backend):
         started = alive(secs.encode())
         box.kill_processes()
         row["escapee"] = {"started": started, "left_after_kill": alive(secs.encode())}
+    row["bomb"] = bomb(backend, caps)
     return row
+
+def bomb(backend, caps):
+    """How a fork bomb's turn ends: whether the sandbox stopped it (its job ended within 60 s)
+    and what fault it recorded; and the fault after a burst that holds the cap for 2 s only."""
+    if not caps.pids:  # nothing would bound it: never run here
+        return {"skipped": "no process cap"}
+    with backend.create(SandboxSpec()) as box:
+        burst = box.start(["python3", "-c", FORK.replace("time.sleep(1)", "time.sleep(2)")])
+        burst.wait(timeout=60)
+        burst_fault = box.fault
+    with backend.create(SandboxSpec()) as box:
+        started = time.monotonic()
+        job = box.start(BOMB)
+        result = job.wait(timeout=60)
+        return {"ended_s": None if result.timed_out else round(time.monotonic() - started, 1),
+                "fault": box.fault, "burst_fault": burst_fault}
 
 out = {"uid": os.geteuid()}
 names = sys.argv[1].split(",")
