@@ -56,6 +56,19 @@ def alive(pattern: str) -> list[str]:
     return [pid for pid in found.stdout.split() if _comm(pid) != "nsenter"]
 
 
+def sleeping(pattern: str, want: int, timeout: float = 10.0) -> int:
+    """How many `sleep` processes have `pattern` in their command line, once that is `want` or
+    `timeout` has passed. Only the sleeps count: a shell whose argv holds the pattern for a
+    moment before it execs, or a process mid-exec (its command line reads empty), would make a
+    single look at `alive` count one too many or one too few."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = len([pid for pid in alive(pattern) if _comm(pid) == "sleep"])
+        if found == want or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
 def _comm(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -115,7 +128,7 @@ def test_exec_returns_when_the_command_exits_although_a_background_child_lives_o
     sleep, marker = unique_sleep()
     result = box.exec(f"{sleep} & echo started", timeout=10)
     assert (result.exit_code, result.stdout, result.timed_out) == (0, "started\n", False)
-    assert len(alive(marker)) == 1
+    assert sleeping(marker, 1) == 1
     box.close()
     assert alive(marker) == []
 
@@ -159,7 +172,7 @@ def test_killing_a_job_kills_its_group_even_after_the_leader_exited(box: LocalSa
     sleep, marker = unique_sleep()
     job = box.start(f"{sleep} & echo started")
     assert job.wait(timeout=10).exit_code == 0
-    assert len(alive(marker)) == 1
+    assert sleeping(marker, 1) == 1
     job.kill()
     job.kill()  # idempotent
     assert alive(marker) == []
@@ -175,7 +188,7 @@ def test_killing_a_job_kills_its_setsid_escapees_but_not_another_jobs(box: Local
         time.sleep(0.02)
     job.kill()
     assert alive(my_marker) == []
-    assert len(alive(other_marker)) == 1
+    assert sleeping(other_marker, 1) == 1
 
 
 def test_a_job_writes_its_output_where_it_was_asked_to(box: LocalSandbox) -> None:
@@ -188,10 +201,7 @@ def test_closing_kills_processes_that_escaped_the_group_with_setsid(box: LocalSa
     sleep, marker = unique_sleep()
     box.exec(f"setsid {sleep} > /dev/null 2>&1 < /dev/null &")
     job = box.start(f"setsid -f {sleep}; sleep 1000")
-    deadline = time.monotonic() + 5
-    while len(alive(marker)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(alive(marker)) == 2
+    assert sleeping(marker, 2) == 2
     assert job.poll() is None
     box.close()
     assert alive(marker) == []
@@ -278,15 +288,12 @@ def test_kill_processes_finds_what_scrubbed_its_environment_without_a_cgroup(
     sleep, marker = unique_sleep()
     with LocalSandbox(SandboxSpec()) as box:
         box.start("; ".join(e.format(sleep=sleep) for e in ESCAPEES) + "; sleep 1000")
-        deadline = time.monotonic() + 10
-        while len(alive(marker)) < len(ESCAPEES) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(alive(marker)) == len(ESCAPEES)
+        assert sleeping(marker, len(ESCAPEES)) == len(ESCAPEES)
         assert marked_pids(SANDBOX_MARKER, box.id) != []  # the harness itself still marked
         box.kill_processes()
         assert alive(marker) == []  # when kill_processes returns: exact, no wait
         assert box.exec(f"{sleep} & echo started").stdout == "started\n"
-        assert len(alive(marker)) == 1  # a background child still outlives its command
+        assert sleeping(marker, 1) == 1  # a background child still outlives its command
     assert alive(marker) == []
 
 
@@ -301,6 +308,6 @@ def test_without_the_pid_namespace_such_a_process_would_have_escaped(
         with LocalSandbox(SandboxSpec()) as box:
             box.exec(ESCAPEES[0].format(sleep=sleep))
             box.kill_processes()
-        assert len(alive(marker)) == 1
+        assert sleeping(marker, 1) == 1
     finally:
         subprocess.run(["pkill", "-KILL", "-f", marker], capture_output=True)  # ours alone
