@@ -270,8 +270,10 @@ class LocalSandbox(Sandbox):
         self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
         census = (CgroupCensus(self._cgroup.path) if self._cgroup is not None
                   else MarkedCensus(procs.SANDBOX_MARKER, self.id) if self._nproc else None)
-        self._pids_watch = (PidsWatch(census, self.limits.pids, self._pids_full)
-                            if census is not None else None)
+        # The marked census reads every process's environment: looked at less often.
+        interval_s = 1.0 if isinstance(census, MarkedCensus) else _pids.INTERVAL_S
+        self._pids_watch = (PidsWatch(census, self.limits.pids, self._pids_full,
+                                      interval_s=interval_s) if census is not None else None)
 
     def _nproc_prefix(self) -> tuple[str, ...] | None:
         return _local_nproc_prefix()
