@@ -90,8 +90,8 @@ from curve.config import (
     CurveConfig,
     arm_reward,
     arm_stages,  # noqa: F401  (tests/test_learning_curve.py reads it here)
-    config_differences,
     parse_overrides,
+    recorded_differences,
     wanted,
 )
 from curve.journal import (
@@ -134,16 +134,14 @@ class Pipeline:
 
     def check_workdir(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        recorded = self.workdir / "config.json"
         mine = dataclasses.asdict(self.config)
-        if recorded.exists():
-            changed = config_differences(mine, json.loads(recorded.read_text()))
-            if changed:
-                raise SystemExit(f"{self.workdir} holds a run with another configuration "
-                                 f"(differs in {', '.join(changed)}): resume it with the same "
-                                 "settings, or pass another --workdir")
-        else:
-            recorded.write_text(json.dumps(mine, indent=2))
+        changed = recorded_differences(self.workdir, mine)
+        if changed:
+            raise SystemExit(f"{self.workdir} holds a run with another configuration "
+                             f"(differs in {', '.join(changed)}): resume it with the same "
+                             "settings, or pass another --workdir")
+        if changed is None:
+            (self.workdir / "config.json").write_text(json.dumps(mine, indent=2))
 
     def stage_dir(self, stage: str) -> Path:
         return self.workdir / stage

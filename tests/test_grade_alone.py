@@ -15,27 +15,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness_gym.tasks import GradeResult, Task, grade, materialize
+from harness_gym.tasks import GradeResult, Task, grade
 from harness_gym.tasks.diffs import paths_touched_by
 
 from harness_gym.sandbox import load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent
 from harness_gym.sandbox._pidns import how as pid_namespace
-from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from harness_gym.sandbox.base import Sandbox, SandboxBackend
 from harness_gym.sandbox._processes import marked_pids
 from support.as_user import run_as_user, why_not
-from test_grader_attacks import _UNAVAILABLE, CALC, PATH_ENV
+from support.grading import CALC, open_backend
+from support.task_sandboxes import task_sandbox
 
 TOKEN_VAR = "ATTACK_TOKEN"
 
 
 @pytest.fixture(scope="module", params=["local", "bwrap", "docker"])
 def backend(request: pytest.FixtureRequest) -> Iterator[SandboxBackend]:
-    if _UNAVAILABLE[request.param]:
-        pytest.skip(_UNAVAILABLE[request.param])
-    backend = load_sandbox(request.param)
-    yield backend
-    backend.close()
+    yield from open_backend(request.param)
 
 
 def leave_a_writer(sandbox: Sandbox, task: Task, token: str, scrub: bool) -> None:
@@ -63,13 +60,12 @@ def alive(token: str) -> list[int]:
 
 
 def attack(backend: SandboxBackend, tmp_path: Path, *, skip_kill: bool) -> GradeResult:
-    repo = tmp_path / f"repo-{uuid.uuid4().hex[:6]}"
-    materialize(CALC, repo)
+    repo_name = f"repo-{uuid.uuid4().hex[:6]}"
     token = uuid.uuid4().hex
     # On local without a cgroup or a pid namespace a scrubbed environment escapes the marker
     # search: there the process keeps its markers (local.py's module doc says so).
     scrub = backend.name != "local" or cgroup_parent() is not None or pid_namespace() is not None
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="grade-alone")) as sandbox:
+    with task_sandbox(CALC, tmp_path, backend, repo_name=repo_name, label="grade-alone") as sandbox:
         leave_a_writer(sandbox, CALC, token, scrub)
         if skip_kill:
             sandbox.quiesce = lambda: None  # type: ignore[method-assign]
@@ -143,11 +139,9 @@ def test_grade_alone_as_a_non_root_user() -> None:
 def test_an_episode_does_not_pay_the_kill_twice(tmp_path: Path) -> None:
     """The episode kills once, before it reads the harness's output; grade() then kills only
     if a command ran since."""
-    repo = tmp_path / "repo"
-    materialize(CALC, repo)
     backend = load_sandbox("local")
     try:
-        with backend.create(SandboxSpec(repo=repo, env=PATH_ENV)) as sandbox:
+        with task_sandbox(CALC, tmp_path, backend, repo_name="repo", label="rollout") as sandbox:
             kills = []
             kill = sandbox.kill_processes
             sandbox.kill_processes = lambda: (kills.append(1), kill())[1]  # type: ignore[method-assign]

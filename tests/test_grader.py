@@ -26,23 +26,19 @@ from harness_gym.tasks import (
 )
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.log_parsers import _PARSERS
+from support.grading import CALC, FIXTURES, KVCONF, PAST_THE_CAPTURE, UNITTEST
 from support.task_sandboxes import PYTHON_PATH_ENV, read, task_sandbox, write
 
 from harness_gym.sandbox.local import LocalSandboxBackend
 
 TASKS = {task.instance_id: task for task in load_tasks("builtin")}
 SPANS = TASKS["harness-gym__spans-14"]  # test_patch modifies tests/test_merge.py
-KVCONF = TASKS["harness-gym__kvconf-23"]  # test_patch creates tests/test_values.py
-# Tasks built to misbehave: tests/fixtures/tasks/<id>/ (task.json + repo/, diffs made with git).
-FIXTURES = {
-    task.instance_id: task for task in load_tasks(Path(__file__).parent / "fixtures" / "tasks")
-}
+# KVCONF: its test_patch creates tests/test_values.py. CALC: P2P tests in a file the test patch
+# does not touch. UNITTEST: python -m unittest -v, log_parser "unittest".
 HANG = FIXTURES["fixture__hang-1"]  # the unfixed code loops forever on the F2P test
 FLAKY = FIXTURES["fixture__flaky-2"]  # eight P2P tests pass by a coin flip
-UNITTEST = FIXTURES["fixture__unittest-3"]  # python -m unittest -v, log_parser "unittest"
 BADPATCH = FIXTURES["fixture__badpatch-4"]  # its gold patch is cut off mid-hunk
 JUNIT = FIXTURES["fixture__junit-5"]  # junit_xml "auto": graded from a report outside the tree
-CALC = FIXTURES["fixture__calc-6"]  # P2P tests in a file the test patch does not touch
 
 
 # --- agents that touch the judging tests --------------------------------------------------------
@@ -297,18 +293,7 @@ def test_a_registered_log_parser_grades_a_task_that_names_it(tmp_path: Path):
 
 # Code under test (the package's __init__, imported by the tests) that gets past pytest's output
 # capture and prints a PASSED line for every judged test, then...
-# (It finds the capture manager by a frame walk up to pytest's config: gc walks are refused by
-# the grader's audit hook.)
-_FAKE_LINES = """
-import os, sys
-_frame, _capman = sys._getframe(), None
-while _frame is not None and _capman is None:
-    _config = _frame.f_locals.get("config") or getattr(_frame.f_locals.get("self"), "config", None)
-    if hasattr(_config, "pluginmanager"):
-        _capman = _config.pluginmanager.getplugin("capturemanager")
-    _frame = _frame.f_back
-_capman.suspend_global_capture(in_=True)
-for _test in {ids!r}:
+_FAKE_LINES = PAST_THE_CAPTURE + """for _test in {ids!r}:
     print("PASSED " + _test)
 sys.stdout.flush()
 """

@@ -8,90 +8,27 @@ the task's real pytest (pytest 9 in the venv for bwrap, Debian's pytest 7 in the
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from harness_gym.tasks import GradeResult, Task, TestStatus, apply_patch, grade, load_tasks, materialize
+from harness_gym.tasks import Task, TestStatus, apply_patch, grade
 
-from harness_gym.rewards import RewardConfig
-from harness_gym.sandbox import load_sandbox
-from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
-from harness_gym.sandbox.bwrap import bwrap_available
-from harness_gym.sandbox.docker import docker_unavailable
-
-FIXTURES = {t.instance_id: t for t in load_tasks(Path(__file__).parent / "fixtures" / "tasks")}
-CALC = FIXTURES["fixture__calc-6"]  # F2P in tests/test_core.py; P2P also in tests/test_other.py
-UNITTEST = FIXTURES["fixture__unittest-3"]
-KVCONF = {t.instance_id: t for t in load_tasks("builtin")}["harness-gym__kvconf-23"]
-F2P = CALC.FAIL_TO_PASS[0]
-PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-_UNAVAILABLE = {
-    "bwrap": None if bwrap_available() else "bubblewrap cannot run here",
-    "docker": docker_unavailable(),
-    "local": None,
-}
-
-Agent = Callable[[Sandbox], None]
+from harness_gym.sandbox.base import SandboxBackend
+from support.grading import (CALC, F2P, KVCONF, PAST_THE_CAPTURE, UNITTEST, Agent, assert_failed,
+                             gold, open_backend, run_agent, shell, write)  # fmt: skip
+from support.task_sandboxes import task_sandbox
 
 
 @pytest.fixture(scope="module", params=["bwrap", "docker"])
 def backend(request: pytest.FixtureRequest) -> Iterator[SandboxBackend]:
-    yield from _backend(request.param)
+    yield from open_backend(request.param)
 
 
 @pytest.fixture(scope="module", params=["local", "bwrap", "docker"])
 def any_backend(request: pytest.FixtureRequest) -> Iterator[SandboxBackend]:
-    yield from _backend(request.param)
-
-
-def _backend(name: str) -> Iterator[SandboxBackend]:
-    if _UNAVAILABLE[name]:
-        pytest.skip(_UNAVAILABLE[name])
-    backend = load_sandbox(name)
-    yield backend
-    backend.close()
-
-
-def run_agent(backend: SandboxBackend, task: Task, scratch: Path, *moves: Agent) -> GradeResult:
-    """A fresh sandbox of `task`, the agent's moves, then the grader."""
-    repo = scratch / "repo"
-    materialize(task, repo)
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV, label="attack")) as sandbox:
-        for move in moves:
-            move(sandbox)
-        return grade(task, sandbox, timeout_s=180)
-
-
-def write(path: str, text: str) -> Agent:
-    return lambda sandbox: sandbox.write_file(f"{sandbox.workdir}/{path}", text)
-
-
-def shell(command: str) -> Agent:
-    def move(sandbox: Sandbox) -> None:
-        result = sandbox.exec(command, cwd=sandbox.workdir)
-        assert result.exit_code == 0, result.stderr
-
-    return move
-
-
-def gold(task: Task) -> Agent:
-    return lambda sandbox: apply_patch(sandbox, task.patch)
-
-
-# What the attacks below bolt on: a "fix" that leaves the F2P test failing, so only a forged
-# verdict could pass it.
-def assert_failed(result: GradeResult, reason: str, *, says: str = "") -> None:
-    """The verdict is a failure (the reward a failure gets), for `reason`, and says `says`."""
-    assert result.outcome == "failed", (result.reason, result.error, result.test_output[-2000:])
-    assert RewardConfig()(result.outcome, 0)[0] == RewardConfig().failure
-    assert result.reason == reason, (result.reason, result.error, result.test_output[-2000:])
-    if says:
-        assert says in (result.error or "") + " ".join(result.notes), (result.error, result.notes)
+    yield from open_backend(request.param)
 
 
 # --- the gold patch still passes ----------------------------------------------------------------
@@ -352,15 +289,16 @@ if _path:
 # tasks/sandbox_grading/guard.py, and the watch of sys.modules). Each catches the refusal, as an
 # attacker would: the tamper record is already written.
 _JUDGED = "tests/test_core.py::test_mean_of_nothing_is_an_error"
-GC_WALK = f"""
+GC_WALK_TEMPLATE = """
 import gc
 try:
     for _o in gc.get_objects():
         if type(_o).__name__ == "Channel" and hasattr(_o, "record"):
-            _o.record("test", id="{_JUDGED}", status="PASSED")
+            _o.record("test", id="%s", status="PASSED")
 except RuntimeError:
     pass
-"""
+"""  # % the id of the test it would pass
+GC_WALK = GC_WALK_TEMPLATE % _JUDGED
 FRAME_WALK = f"""
 import sys, types
 
@@ -441,16 +379,7 @@ def test_an_xfailed_xpassed_or_skipped_judged_test_is_not_a_pass(
 
 # It finds pytest's capture manager by walking up to a frame that holds pytest's config (gc
 # walks are refused by the grader's audit hook: see section 3b).
-FORGED_OUTPUT = '''
-import os, sys
-_frame, _capman = sys._getframe(), None
-while _frame is not None and _capman is None:
-    _config = _frame.f_locals.get("config") or getattr(_frame.f_locals.get("self"), "config", None)
-    if hasattr(_config, "pluginmanager"):
-        _capman = _config.pluginmanager.getplugin("capturemanager")
-    _frame = _frame.f_back
-_capman.suspend_global_capture(in_=True)
-for _test in {tests!r}:
+FORGED_OUTPUT = PAST_THE_CAPTURE + '''for _test in {tests!r}:
     print("PASSED " + _test)
 print("============================== {n} passed in 0.05s ==============================")
 sys.stdout.flush()
@@ -575,9 +504,7 @@ def test_git_filters_and_hooks_the_agent_configured_do_not_run_during_grading(
         "chmod +x .git/hooks/post-checkout && printf '* filter=fix\\n' > .gitattributes && "
         "git config --global core.fsmonitor 'touch tests/GLOBAL_RAN; false'"
     )
-    repo = tmp_path / "repo"
-    materialize(CALC, repo)
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV)) as sandbox:
+    with task_sandbox(CALC, tmp_path, backend, repo_name="repo", label="rollout") as sandbox:
         apply_patch(sandbox, CALC.patch)
         setup(sandbox)
         result = grade(CALC, sandbox, timeout_s=180)
@@ -615,9 +542,7 @@ def test_a_sandbox_without_pytest_is_an_infra_error_not_a_failure(
 
 
 def test_the_sandbox_keeps_no_grader_files(backend: SandboxBackend, tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    materialize(CALC, repo)
-    with backend.create(SandboxSpec(repo=repo, env=PATH_ENV)) as sandbox:
+    with task_sandbox(CALC, tmp_path, backend, repo_name="repo", label="rollout") as sandbox:
         apply_patch(sandbox, CALC.patch)
         assert grade(CALC, sandbox, timeout_s=180).outcome == "passed"
         left = sandbox.exec("cd ~ && ls -A; cd - >/dev/null && ls -A .git", cwd=sandbox.workdir).stdout

@@ -17,14 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from harness_gym.tasks import GradeResult, Task, TestStatus, grade, materialize
-from test_grader_attacks import (_UNAVAILABLE, CALC, F2P, PATH_ENV, Agent, _init_with,
-                                 assert_failed, gold, write)  # fmt: skip
+from harness_gym.tasks import GradeResult, Task, TestStatus, materialize
+from test_grader_attacks import _init_with
 from test_grader_forgery import RERUN_THROUGH_PYTEST
 
-from harness_gym.sandbox import load_sandbox
-from harness_gym.sandbox.base import SandboxSpec
-from support.parallel import in_threads
+from harness_gym.sandbox.base import SandboxBackend
+from support.grading import (CALC, F2P, Agent, assert_failed, gold, grade_cases, run_agent, shell,
+                             skip_if_unavailable, write)  # fmt: skip
+from support.task_sandboxes import PYTHON_PATH_ENV
 
 FLAKY = "tests/test_flaky.py::test_fails_its_first_run"
 FLAKY_TEST = '''
@@ -171,18 +171,12 @@ def _cases(scratch: Path) -> dict[str, tuple[Task, list[Agent], dict]]:
                          "tests/test_zz_profile_check.py": PROFILE_CHECK}, scratch / "traced")
     subtests = _task_with({"tests/test_subtests.py": SUBTESTS_TEST}, scratch / "subtests")
     installed = {"ro_mounts": {str(_plugin_dir(scratch)): INSTALLED},
-                 "env": {**PATH_ENV, "PYTHONPATH": INSTALLED}}  # fmt: skip
+                 "env": {**PYTHON_PATH_ENV, "PYTHONPATH": INSTALLED}}  # fmt: skip
     # Beside the work tree, writable and kept between commands (bwrap's /tmp is per command);
     # relative, as the sandbox's root differs per backend: the tests run in the work tree.
-    writable = {"env": {**PATH_ENV, "PYTHONPATH": "../agent-plugins"}}
-    plant = "mkdir -p ../agent-plugins && cat > ../agent-plugins/late_rerun.py"
-
-    def shell_in(command: str, text: str) -> Agent:
-        def move(sandbox) -> None:
-            done = sandbox.exec(f"{command} <<'EOF'\n{text}\nEOF", cwd=sandbox.workdir)
-            assert done.exit_code == 0, done.stderr
-
-        return move
+    writable = {"env": {**PYTHON_PATH_ENV, "PYTHONPATH": "../agent-plugins"}}
+    plant = ("mkdir -p ../agent-plugins && cat > ../agent-plugins/late_rerun.py"
+             f" <<'EOF'\n{FORGING_PLUGIN}\nEOF")
 
     return {
         "rerun-conftest-gold": (rerun, [gold(CALC)], {}),
@@ -192,7 +186,7 @@ def _cases(scratch: Path) -> dict[str, tuple[Task, list[Agent], dict]]:
         "late-plugin-unfixed": (late, [], installed),
         "late-plugin-shadowed-by-the-agent": (late, [write(f"{LATE_PLUGIN_NAME}.py",
                                                            LATE_PLUGIN)], installed),  # fmt: skip
-        "late-plugin-from-a-writable-dir": (late, [shell_in(plant, FORGING_PLUGIN)], writable),
+        "late-plugin-from-a-writable-dir": (late, [shell(plant)], writable),
         "tracers-in-the-tests-gold": (traced, [gold(CALC)], {}),
         "unittest-subtests-gold": (subtests, [gold(CALC)], {}),
         "unittest-subtests-unfixed": (subtests, [], {}),
@@ -217,30 +211,15 @@ EXPECTED = {
 @pytest.fixture(scope="module", params=["bwrap", "docker"])
 def graded(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[dict[str, GradeResult]]:
     name = request.param
-    if _UNAVAILABLE[name]:
-        pytest.skip(_UNAVAILABLE[name])
+    skip_if_unavailable(name)
     scratch = tmp_path_factory.mktemp(f"false-positives-{name}")
     cases = _cases(scratch)
 
-    def work(share: list[str]) -> list[GradeResult]:
-        backend = load_sandbox(name)
-        out = []
-        try:
-            for case in share:
-                task, moves, spec = cases[case]
-                repo = scratch / case / "repo"
-                materialize(task, repo)
-                fields = {"env": PATH_ENV, **spec}
-                with backend.create(SandboxSpec(repo=repo, label="honest", **fields)) as box:
-                    for move in moves:
-                        move(box)
-                    out.append(grade(task, box, timeout_s=180))
-        finally:
-            backend.close()
-        return out
+    def grade_one(backend: SandboxBackend, case: str) -> GradeResult:
+        task, moves, spec = cases[case]
+        return run_agent(backend, task, scratch / case, *moves, label="honest", **spec)
 
-    names = list(cases)
-    yield dict(zip(names, in_threads(work, names, 3)))
+    yield grade_cases(name, list(cases), grade_one)
 
 
 @pytest.mark.parametrize("case", list(EXPECTED))

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from harness_gym.rewards import RewardConfig
 from harness_gym.tasks import TestStatus
-from test_grader_attacks import CALC, F2P, _init_with, assert_failed, backend, run_agent
+from test_grader_attacks import _init_with, backend
 
 from support.as_user import run_as_user, why_not
+from support.grading import CALC, F2P, assert_failed, gold, grade_cases, run_agent, shell
 
 __all__ = ["backend"]  # the fixture, shared
 
@@ -389,8 +390,7 @@ def test_a_child_process_cannot_read_the_runners_memory(backend, tmp_path: Path)
 def _local_cases() -> dict[str, tuple[list, str, str]]:
     """name -> (moves, reason, what the error says): every in-process attack of this file and
     the introspection class of test_grader_attacks (gc, frames, ctypes, sys.modules)."""
-    from test_grader_attacks import (CTYPES_READ, FRAME_WALK, GC_WALK, MODULE_REPLACEMENT,
-                                     gold)  # fmt: skip
+    from test_grader_attacks import CTYPES_READ, FRAME_WALK, GC_WALK, MODULE_REPLACEMENT
 
     cases = {name: ([_init_with(code)], "tampered", says) for name, (code, says) in ATTACKS.items()}
     for name, code, says in (
@@ -412,20 +412,9 @@ def test_on_local_the_in_process_forgeries_are_caught(tmp_path: Path) -> None:
     every in-process attack is refused there too, side by side, three sandboxes at a time."""
     import os
 
-    from harness_gym.sandbox.local import LocalSandboxBackend
-    from support.parallel import in_threads
-
     cases = _local_cases()
-
-    def work(share: list[str]) -> list:
-        backend = LocalSandboxBackend()
-        try:
-            return [run_agent(backend, CALC, tmp_path / name, *cases[name][0]) for name in share]
-        finally:
-            backend.close()
-
-    names = list(cases)
-    results = dict(zip(names, in_threads(work, names, 3)))
+    results = grade_cases("local", list(cases), lambda backend, name: run_agent(
+        backend, CALC, tmp_path / name, *cases[name][0]))  # fmt: skip
     wrong = {}
     for name, result in results.items():
         _, reason, says = cases[name]
@@ -469,9 +458,7 @@ def test_on_local_an_agent_that_writes_into_the_interpreter_forges_a_pass(tmp_pa
     import subprocess
     import sysconfig
 
-    from harness_gym.sandbox.base import SandboxSpec
     from harness_gym.sandbox.local import LocalSandboxBackend
-    from harness_gym.tasks import grade, materialize
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -479,16 +466,11 @@ def test_on_local_an_agent_that_writes_into_the_interpreter_forges_a_pass(tmp_pa
     (purelib / "host-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     judged = CALC.FAIL_TO_PASS + CALC.PASS_TO_PASS
     (purelib / "zz_agent.py").write_text(FORGE_AT_STARTUP % (judged,))
-    repo = tmp_path / "repo"
-    materialize(CALC, repo)
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     backend = LocalSandboxBackend()
-    try:
-        with backend.create(SandboxSpec(repo=repo, env=env, label="attack")) as sandbox:
-            # the agent's own shell writes into the interpreter's site-packages
-            done = sandbox.exec(f"echo 'import zz_agent' > {purelib}/zz_agent.pth")
-            assert done.exit_code == 0, done.stderr
-            result = grade(CALC, sandbox, timeout_s=180)
+    try:  # the agent's own shell writes into the interpreter's site-packages
+        plant = shell(f"echo 'import zz_agent' > {purelib}/zz_agent.pth")
+        result = run_agent(backend, CALC, tmp_path, plant, env=env)
     finally:
         backend.close()
     assert result.outcome == "passed", (result.reason, result.error, result.test_output[-2000:])

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 from harness_gym.tasks import GradeResult, TestStatus, materialize
-from test_grader_attacks import _UNAVAILABLE, UNITTEST, assert_failed, run_agent, write
+from test_grader_attacks import CTYPES_READ, GC_WALK_TEMPLATE, MODULE_REPLACEMENT
 from test_grader_forgery import PATH_OBJECT_TEMPLATE
 
-from harness_gym.sandbox import load_sandbox
-from support.parallel import in_threads
+from support.grading import UNITTEST, assert_failed, grade_cases, run_agent, skip_if_unavailable, write
 
 pytestmark = pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning")
 
@@ -140,30 +139,8 @@ def clamp(x, low, high):
     return max(low, x)
 '''
 
-GC_WALK = '''
-import gc
-try:
-    for _o in gc.get_objects():
-        if type(_o).__name__ == "Channel" and hasattr(_o, "record"):
-            _o.record("test", id="%s", status="PASSED")
-except RuntimeError:
-    pass
-''' % F2P
-
-CTYPES_READ = '''
-import ctypes, sys
-try:
-    _raw = ctypes.string_at(id(sys.modules.get("_harness_gym_grading.channel")), 4096)
-except RuntimeError:
-    pass
-'''
-
-MODULE_REPLACEMENT = '''
-import sys, types
-_fake = types.ModuleType("_harness_gym_grading.channel")
-_fake.__dict__.update(sys.modules["_harness_gym_grading.channel"].__dict__)
-sys.modules["_harness_gym_grading.channel"] = _fake
-'''
+# GC_WALK, CTYPES_READ and MODULE_REPLACEMENT: test_grader_attacks' own.
+GC_WALK = GC_WALK_TEMPLATE % F2P
 
 # A tracer installed by the code under test (one that could jump over the assertion).
 TRACER = '''
@@ -220,20 +197,10 @@ CASES = {**{k: v[0] for k, v in ATTACKS.items()}, **HONEST}
 def graded(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[dict[str, GradeResult]]:
     """Every case of this file graded on one backend, three at a time."""
     name = request.param
-    if _UNAVAILABLE[name]:
-        pytest.skip(_UNAVAILABLE[name])
+    skip_if_unavailable(name)
     scratch = tmp_path_factory.mktemp(f"unittest-forgery-{name}")
-
-    def work(share: list[str]) -> list[GradeResult]:
-        backend = load_sandbox(name)
-        try:
-            return [run_agent(backend, UNITTEST, scratch / case, write("clamp.py", CASES[case]))
-                    for case in share]  # fmt: skip
-        finally:
-            backend.close()
-
-    cases = list(CASES)
-    yield dict(zip(cases, in_threads(work, cases, 3)))
+    yield grade_cases(name, list(CASES), lambda backend, case: run_agent(
+        backend, UNITTEST, scratch / case, write("clamp.py", CASES[case])))  # fmt: skip
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))

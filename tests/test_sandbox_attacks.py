@@ -36,6 +36,7 @@ import gymnasium as gym
 import pytest
 from sandbox_conformance import alive, wait_until
 from support.engines import shell_script
+from support.grading import backend_params, unavailable
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfig
@@ -47,8 +48,7 @@ from harness_gym.proxy import InterceptionProxy
 from harness_gym.sandbox import SandboxBackend, load_sandbox
 from harness_gym.sandbox._cgroups import cgroup_parent, memory_parent
 from harness_gym.sandbox._pidns import how as pid_namespace
-from harness_gym.sandbox.bwrap import BwrapSandboxBackend, bwrap_available
-from harness_gym.sandbox.docker import docker_unavailable
+from harness_gym.sandbox.bwrap import BwrapSandboxBackend
 from harness_gym.tasks.diffs import paths_touched_by
 from harness_gym.tasks.loader import load_tasks
 
@@ -61,15 +61,8 @@ pytestmark = [
 ]
 
 TASKS = load_tasks("builtin")
-_NO_BWRAP = None if bwrap_available() else "bubblewrap cannot make namespaces here"
-_NO_DOCKER = docker_unavailable()
-BACKENDS = [
-    pytest.param("local", id="local"),
-    pytest.param("bwrap", id="bwrap", marks=pytest.mark.skipif(_NO_BWRAP is not None,
-                                                               reason=str(_NO_BWRAP))),
-    pytest.param("docker", id="docker", marks=pytest.mark.skipif(_NO_DOCKER is not None,
-                                                                 reason=str(_NO_DOCKER))),
-]
+_NO_BWRAP = unavailable("bwrap")
+BACKENDS = backend_params("local", "bwrap", "docker")
 
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[Any]:
@@ -122,6 +115,20 @@ def run_episode(engine: Any, backend: SandboxBackend, task: Any, **settings: Any
     finally:
         env.close()
     return info
+
+
+def run_on_proxy(proxy: InterceptionProxy, task: Any) -> Any:
+    """Pi's episode of `task` through `proxy` (started; stopped after), on bwrap where it runs."""
+    backend = load_sandbox("bwrap" if _NO_BWRAP is None else "local")
+    config = EpisodeConfig(harness=PI, engine=proxy.engine, sandbox=backend,
+                           episode_timeout_s=300, test_timeout_s=300)
+    runner = EpisodeRunner(proxy, PI, backend, config)
+    try:
+        return runner.run(task)
+    finally:
+        runner.close()
+        proxy.stop()
+        backend.close()
 
 
 # What the process left behind does once the grader has touched the tests: copy the fix into
@@ -315,16 +322,7 @@ def test_an_agent_cannot_delete_its_own_session(tiny: Any) -> None:
         return [DELETE_OWN, gold(task)]
 
     proxy = InterceptionProxy(ScriptedEngine(tiny, shell_script(commands))).start()
-    backend = load_sandbox("bwrap" if _NO_BWRAP is None else "local")
-    config = EpisodeConfig(harness=PI, engine=proxy.engine, sandbox=backend,
-                           episode_timeout_s=300, test_timeout_s=300)
-    runner = EpisodeRunner(proxy, PI, backend, config)
-    try:
-        result = runner.run(task)
-    finally:
-        runner.close()
-        proxy.stop()
-        backend.close()
+    result = run_on_proxy(proxy, task)
     assert "HTTP 403" in outputs[0], outputs[0]
     assert result.outcome == "passed" and result.reward > 0, result.error
 
@@ -342,16 +340,7 @@ def test_a_session_closed_under_the_agent_ends_harness_error(tiny: Any) -> None:
         return ["sleep 3", gold(task)]
 
     proxy = InterceptionProxy(ScriptedEngine(tiny, shell_script(commands))).start()
-    backend = load_sandbox("bwrap" if _NO_BWRAP is None else "local")
-    config = EpisodeConfig(harness=PI, engine=proxy.engine, sandbox=backend,
-                           episode_timeout_s=300, test_timeout_s=300)
-    runner = EpisodeRunner(proxy, PI, backend, config)
-    try:
-        result = runner.run(task)  # no exception
-    finally:
-        runner.close()
-        proxy.stop()
-        backend.close()
+    result = run_on_proxy(proxy, task)  # no exception
     assert result.outcome == "harness_error" and "proxy session" in result.error, result.error
     assert result.n_llm_calls == 1 and result.reward == 0.0
     assert result.trace.segments  # the calls before the closing are kept

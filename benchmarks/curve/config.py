@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # GRPO arms, all from the SFT checkpoint with the same budget: `grpo` is the test-gated tool
@@ -157,6 +159,15 @@ def config_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str
     defaults = {f.name: f.default for f in dataclasses.fields(CurveConfig)}
     return sorted(k for k in mine.keys() | theirs.keys()
                   if mine.get(k, defaults.get(k)) != theirs.get(k, defaults.get(k)))
+
+
+def recorded_differences(folder: Path, config: dict[str, Any]) -> list[str] | None:
+    """The fields in which `config` differs from the one recorded in `folder`'s config.json
+    (see `config_differences`), or None where the folder records none."""
+    recorded = folder / "config.json"
+    if not recorded.is_file():
+        return None
+    return config_differences(config, json.loads(recorded.read_text()))
 
 
 def parse_overrides(pairs: list[str], config: CurveConfig) -> CurveConfig:

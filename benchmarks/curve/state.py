@@ -19,13 +19,12 @@ holds only what changed.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import config_differences
+from .config import recorded_differences
 from .process import log
 
 #: A file larger than this is refused: a full-weight checkpoint (540 MB for SmolLM2) has no
@@ -60,14 +59,12 @@ class RunState:
     def check(self, config: dict[str, Any]) -> None:
         """Refuse a folder that holds files but no run, or another run's state: saving mirrors
         the workdir into it (removing what the workdir no longer has)."""
-        recorded = self.directory / "config.json"
-        if recorded.is_file():
-            changed = config_differences(config, json.loads(recorded.read_text()))
-            if changed:
-                raise StateError(f"{self.directory} holds the state of a run with another "
-                                 f"configuration (differs in {', '.join(changed)}): give "
-                                 "another --state folder")
-        elif self.directory.is_dir() and any(self.directory.iterdir()):
+        changed = recorded_differences(self.directory, config)
+        if changed:
+            raise StateError(f"{self.directory} holds the state of a run with another "
+                             f"configuration (differs in {', '.join(changed)}): give "
+                             "another --state folder")
+        if changed is None and self.directory.is_dir() and any(self.directory.iterdir()):
             raise StateError(f"{self.directory} is not a learning-curve state (no config.json): "
                              "give an empty or new folder")
 

@@ -43,3 +43,22 @@ def source_file(obj):
     module = sys.modules.get(getattr(owner, "__module__", None) or "")
     module_file = getattr(module, "__file__", None)
     return module_file if isinstance(module_file, str) else None
+
+
+def writable(path):
+    """Whether a sandbox user could write `path` or its directory (an error counts as yes)."""
+    try:
+        return os.access(path, os.W_OK) or os.access(os.path.dirname(path), os.W_OK)
+    except (OSError, ValueError):
+        return True
+
+
+def defined_in(value, real):
+    """Whether `value` is a function or class whose code is in the file `real`."""
+    target = value.__dict__.values() if isinstance(value, type) else (value,)
+    for item in target:
+        item = getattr(item, "__func__", item)
+        code = getattr(item, "__code__", None) if isinstance(item, type(writable)) else None
+        if code is not None and os.path.realpath(code.co_filename or "") == real:
+            return True
+    return False

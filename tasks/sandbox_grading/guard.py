@@ -219,3 +219,16 @@ def install(on_refused, workdir="/nonexistent", on_tracer=None, in_event=None):
 
     add(hook)
     return arm, in_event
+
+
+def no_memory_reads():
+    """Make this process non-dumpable: another process of the same user (one the code under
+    test starts, without this audit hook) can then neither ptrace it nor read /proc/PID/mem."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:  # noqa: BLE001 - no libc prctl: nothing more to do
+        pass

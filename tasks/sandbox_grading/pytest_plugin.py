@@ -33,8 +33,9 @@ from _pytest.runner import CallInfo as _CallInfo
 
 from .channel import open_channel
 from .engine import code_objects, engine, quiet
-from .guard import install as install_guard
-from .files import describe, inside, source_file
+from .files import defined_in, describe, inside, source_file, writable
+from .guard import install as install_guard, no_memory_reads
+from .run_records import RunRecords, grader_namespace, guarded
 from .watch import RunnerWatch
 
 # Hooks whose implementations decide what a test's outcome is or which tests exist.
@@ -46,7 +47,6 @@ CRITICAL_HOOKS = (
     "pytest_make_collect_report", "pytest_fixture_setup", "pytest_report_to_serializable",
     "pytest_report_from_serializable",
 )  # fmt: skip
-_MAX_TAMPER_RECORDS = 20
 _RUNNER_DIRS = tuple(
     os.path.dirname(os.path.realpath(module.__file__)) + os.sep for module in (_pytest, pluggy)
 )
@@ -76,17 +76,16 @@ class _TestState(object):
         self.subtests_failed = 0  # subtest reports made inside the call phase that failed
 
 
-class _Run(object):
+class _Run(RunRecords):
     # Slots: code under test cannot shadow a method on the instance (`_run.verdict = ...`).
-    __slots__ = ("channel", "workdir", "watch", "config", "registered", "hook_impls",
-                 "hook_lists", "hook_files", "states", "snapshots", "fired", "function_runtest",
-                 "collecting", "items", "position", "nodeids", "current", "outside_plugins",
-                 "trusted_code", "tracer_sites")
+    __slots__ = ("config", "registered", "hook_impls", "hook_lists", "hook_files", "states",
+                 "snapshots", "function_runtest", "collecting", "items", "position", "nodeids",
+                 "current", "outside_plugins", "trusted_code")
 
     def __init__(self, channel):
-        self.channel = channel
-        self.workdir = channel.workdir
-        self.watch = RunnerWatch(channel.workdir)
+        # The base named, not super(): a module global is put back before each event, a
+        # patched builtin only reported.
+        RunRecords.__init__(self, channel, RunnerWatch(channel.workdir))
         self.config = None
         self.registered = set()  # ids of plugins seen through pytest_plugin_registered
         self.hook_impls = {}  # id(hookimpl) -> its function, for the critical hooks
@@ -94,7 +93,6 @@ class _Run(object):
         self.hook_files = set()
         self.states = {}
         self.snapshots = {}  # nodeid -> (obj, code) of plain test functions
-        self.fired = set()
         self.function_runtest = getattr(pytest.Function, "runtest", None)
         self.collecting = False  # plugins registered from here on come from collected code
         self.items = None  # the collected items, in run order (pytest_collection_finish)
@@ -103,7 +101,6 @@ class _Run(object):
         self.current = None  # the item whose protocol is open
         self.outside_plugins = []  # plugins installed outside the work tree, before any conftest
         self.trusted_code = None  # id -> code object of the runner's code, from the engine
-        self.tracer_sites = set()
         channel.record(
             "start",
             runner="pytest",
@@ -115,31 +112,9 @@ class _Run(object):
         for problem in self.watch.problems:
             self.tampered("baseline", problem)
 
-    # -- records -----------------------------------------------------------------------------
-
-    def tampered(self, check, detail):
-        key = (check, detail)
-        if key in self.fired or len(self.fired) >= _MAX_TAMPER_RECORDS:
-            return
-        self.fired.add(key)
-        self.channel.record("tamper", check=check, detail=detail)
-
-    def error(self, where, exc):
-        self.channel.record("error", where=where, detail="%s: %s" % (type(exc).__name__, exc))
-
     def check(self, where):
-        for detail in self.watch.check():
-            self.tampered("runner", "%s (seen at %s)" % (detail, where))
-        while self.watch.tracers:
-            self.tracer(self.watch.tracers.pop(0), None)
+        RunRecords.check(self, where)
         self.check_hooks(where)
-
-    def tracer(self, path, line):
-        """A trace or profile function from the work tree (its file), or installed from there
-        (the file and line that installed it): the grader refuses the code under test's."""
-        if (path, line) not in self.tracer_sites:
-            self.tracer_sites.add((path, line))
-            self.channel.record("tracer", file=describe(path, self.workdir), line=line)
 
     # -- plugins and hooks -------------------------------------------------------------------
 
@@ -304,7 +279,6 @@ class _Run(object):
             return "FAILED", "test function never called"
         return "PASSED", None
 
-
     # -- the order of events ------------------------------------------------------------------
 
     def begin(self, item):
@@ -363,10 +337,10 @@ class _Run(object):
         (`pytest_plugins = [...]`) from a file no sandbox user can write. Its functions become
         runner code (a conftest hook that re-runs tests calls pytest from its own frames)."""
         conftest = inside(path, self.workdir) and os.path.basename(path) == "conftest.py"
-        if not conftest and (inside(path, self.workdir) or _writable(path)):
+        if not conftest and (inside(path, self.workdir) or writable(path)):
             return
         real = os.path.realpath(path)
-        values = [v for v in list(vars(module).values()) if _defined_in(v, real)]
+        values = [v for v in list(vars(module).values()) if defined_in(v, real)]
         found = code_objects(values, {})
         self.trusted_code.update(found)
         if not conftest:
@@ -466,43 +440,14 @@ class _Run(object):
         self.channel.close()
 
 
-def _writable(path):
-    try:
-        return os.access(path, os.W_OK) or os.access(os.path.dirname(path), os.W_OK)
-    except (OSError, ValueError):
-        return True
-
-
-def _defined_in(value, real):
-    """Whether `value` is a function or class whose code is in the file `real`."""
-    target = value.__dict__.values() if isinstance(value, type) else (value,)
-    for item in target:
-        item = getattr(item, "__func__", item)
-        code = getattr(item, "__code__", None) if isinstance(item, type(_writable)) else None
-        if code is not None and os.path.realpath(code.co_filename or "") == real:
-            return True
-    return False
-
-
 def _handlers(run, arm):
     """Each event's handler; a bug in one must not crash pytest, and is reported. `arm` (the
     guard's) is called by the engine, once the runner's code is fixed: nothing outside holds it."""
-
-    def guarded(name, method):
-        def handle(*args):
-            try:
-                return method(*args)
-            except Exception as exc:  # noqa: BLE001
-                run.error(name, exc)
-                return None
-
-        return handle
-
     names = ("plugin_registered", "configure", "module", "collection", "collection_finish",
              "begin", "end", "observe", "pyfunc_call", "before_report", "after_report",
              "inside_call", "subtest_report", "session_finish")  # fmt: skip
     methods = dict((n, getattr(run, "on_" + n, None) or getattr(run, n)) for n in names)
-    handlers = dict((n, guarded(n, m)) for n, m in methods.items())
+    handlers = dict((n, guarded(run, n, m)) for n, m in methods.items())
     handlers["outside_plugins"] = lambda: list(run.outside_plugins)
     handlers["workdir"] = lambda: run.workdir
     handlers["tracing"] = lambda hooks: setattr(run.watch, "tracing", hooks)
@@ -516,19 +461,6 @@ def _handlers(run, arm):
     return handlers
 
 
-def _no_memory_reads():
-    """Make this process non-dumpable: another process of the same user (one the code under
-    test starts, without this audit hook) can then neither ptrace it nor read /proc/PID/mem."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except Exception:  # noqa: BLE001 - no libc prctl: nothing more to do
-        pass
-
-
 def _start():
     """The engine's `send` (through `quiet`), or None when this process is not a grader's runner.
     Nothing of the run is kept anywhere but in the engine's frame (see `engine`)."""
@@ -540,7 +472,7 @@ def _start():
     except Exception as exc:  # noqa: BLE001
         channel.record("error", where="start", detail="%s: %s" % (type(exc).__name__, exc))
         return None
-    _no_memory_reads()
+    no_memory_reads()
     arm, in_event = install_guard(lambda detail: run.tampered("introspection", detail),
                                   run.workdir, run.tracer)  # fmt: skip
     loop = engine(_handlers(run, arm), run.tampered,
@@ -553,11 +485,7 @@ def _start():
 def _trust(send):
     """Fix which code is the runner's and arm the audit hook's seals: before any conftest or
     test module is imported (pluggy has read the hook functions' signatures by then)."""
-    package = __name__.rpartition(".")[0]
-    modules = [m for n, m in list(sys.modules.items()) if m is not None and
-               (n == package or n.startswith(package + "."))]  # fmt: skip
-    classes = [v for m in modules for v in list(vars(m).values())
-               if isinstance(v, type) and getattr(v, "__module__", "").startswith(package)]
+    package, modules, classes = grader_namespace()
     plugins = send(("outside_plugins", ())) or []
     tops = set(
         (getattr(p, "__name__", None) if isinstance(p, type(sys)) else type(p).__module__) or ""

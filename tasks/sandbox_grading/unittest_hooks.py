@@ -34,6 +34,7 @@ from .channel import open_channel
 from .engine import engine, quiet
 from .files import describe, inside
 from .guard import install as install_guard
+from .run_records import RunRecords, grader_namespace, guarded
 from .watch import RunnerWatch
 
 _RANK = {"PASSED": 0, "SKIPPED": 1, "XFAIL": 2, "XPASS": 3, "FAILED": 4, "ERROR": 5}
@@ -47,7 +48,6 @@ _OUTCOMES = {
 }
 _FRAMING = ("startTestRun", "stopTestRun", "startTest", "stopTest", "addSubTest")
 _METHODS = tuple(_OUTCOMES) + _FRAMING
-_MAX_TAMPER_RECORDS = 20
 
 
 def test_id(test):
@@ -59,18 +59,15 @@ def test_id(test):
     return "%s (%s.%s)" % (name, cls.__module__, getattr(cls, "__qualname__", cls.__name__))
 
 
-class _Run(object):
-    """The run's state; only the engine's frame holds it."""
+class _Run(RunRecords):
+    """The run's state; only the engine's frame holds it. Its watch is taken in `arm`."""
 
-    __slots__ = ("channel", "workdir", "pid", "watch", "runs", "result", "result_type", "depth",
-                 "current", "status", "modules", "fired", "hookfiles", "test_methods",
-                 "tracer_sites")
+    __slots__ = ("pid", "runs", "result", "result_type", "depth", "current", "status", "modules",
+                 "hookfiles", "test_methods")
 
     def __init__(self, channel):
-        self.channel = channel
-        self.workdir = channel.workdir
+        RunRecords.__init__(self, channel)
         self.pid = os.getpid()
-        self.watch = None
         self.runs = 0  # outermost test runs started
         self.result = None  # the result of the open outermost run
         self.result_type = None
@@ -78,28 +75,8 @@ class _Run(object):
         self.current = None  # the running test
         self.status = None  # its worst outcome so far
         self.modules = set()
-        self.fired = set()
         self.hookfiles = set()
         self.test_methods = None  # names of unittest.TestCase's methods
-        self.tracer_sites = set()
-
-    def tampered(self, check, detail):
-        key = (check, detail)
-        if key in self.fired or len(self.fired) >= _MAX_TAMPER_RECORDS:
-            return
-        self.fired.add(key)
-        self.channel.record("tamper", check=check, detail=detail)
-
-    def tracer(self, path, line):
-        if (path, line) not in self.tracer_sites:
-            self.tracer_sites.add((path, line))
-            self.channel.record("tracer", file=describe(path, self.workdir), line=line)
-
-    def check(self, where):
-        for detail in self.watch.check() if self.watch is not None else ():
-            self.tampered("runner", "%s (seen at %s)" % (detail, where))
-        while self.watch is not None and self.watch.tracers:
-            self.tracer(self.watch.tracers.pop(0), None)
 
     def hookfile(self, path):
         if path not in self.hookfiles:
@@ -252,26 +229,16 @@ def _wrap(send, name, method, pid):
 
 
 def _handlers(run, arm):
-    def guarded(name, method):
-        def handle(*args):
-            try:
-                return method(*args)
-            except Exception as exc:  # noqa: BLE001
-                run.channel.record("error", where=name, detail="%s: %s" % (type(exc).__name__, exc))
-                return None
-
-        return handle
-
     handlers = {
-        "startTestRun": guarded("startTestRun", run.on_start_run),
-        "stopTestRun": guarded("stopTestRun", run.on_stop_run),
-        "startTest": guarded("startTest", run.on_start_test),
-        "stopTest": guarded("stopTest", run.on_stop_test),
-        "addSubTest": guarded("addSubTest", run.on_sub_test),
-        "exit": guarded("exit", run.on_exit),
+        "startTestRun": guarded(run, "startTestRun", run.on_start_run),
+        "stopTestRun": guarded(run, "stopTestRun", run.on_stop_run),
+        "startTest": guarded(run, "startTest", run.on_start_test),
+        "stopTest": guarded(run, "stopTest", run.on_stop_test),
+        "addSubTest": guarded(run, "addSubTest", run.on_sub_test),
+        "exit": guarded(run, "exit", run.on_exit),
     }
     for name, status in _OUTCOMES.items():
-        handlers[name] = guarded(name, lambda result, test, *rest, s=status: run.on_outcome(
+        handlers[name] = guarded(run, name, lambda result, test, *rest, s=status: run.on_outcome(
             result, test, s))  # fmt: skip
 
     def tracing(hooks):
@@ -313,11 +280,7 @@ def arm():
                              run.tracer, in_event)  # fmt: skip
     if guard is not None:
         seal.append(guard)
-    package = __name__.rpartition(".")[0]
-    modules = [m for n, m in list(sys.modules.items()) if m is not None and
-               (n == package or n.startswith(package + "."))]  # fmt: skip
-    classes = [v for m in modules for v in list(vars(m).values())
-               if isinstance(v, type) and getattr(v, "__module__", "").startswith(package)]
+    package, modules, classes = grader_namespace()
     send(("trust", (("unittest", package), modules, classes)))
 
     def at_exit(_send=send, _pid=run.pid, _getpid=os.getpid):

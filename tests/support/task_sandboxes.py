@@ -1,4 +1,5 @@
-"""Test-only helpers for the task and grader tests: a task's repo in a real `local` sandbox.
+"""Test-only helpers for the task and grader tests: a task's repo in a real sandbox (`local`
+unless a backend is given; `support.grading` builds the grader tests' steps on it).
 
 The sandbox runs the task's own test command, so `python` in it must be this interpreter (the
 one with pytest): its directory goes first on the sandbox's PATH.
@@ -11,23 +12,28 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from harness_gym.tasks import Task, materialize
 
-from harness_gym.sandbox.base import Sandbox, SandboxSpec
+from harness_gym.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from harness_gym.sandbox.local import LocalSandboxBackend
 
 PYTHON_PATH_ENV = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 @contextmanager
-def task_sandbox(task: Task, scratch: Path) -> Iterator[Sandbox]:
-    """A fresh sandbox holding `task`'s materialized repo at its base commit."""
-    repo = scratch / f"{task.instance_id}-repo"
+def task_sandbox(task: Task, scratch: Path, backend: SandboxBackend | None = None, *,
+                 repo_name: str | None = None, label: str = "tasks-test",
+                 **spec: Any) -> Iterator[Sandbox]:
+    """A fresh sandbox holding `task`'s materialized repo at its base commit, in
+    `scratch`/`repo_name` (default: `<instance id>-repo`); `spec`: more SandboxSpec fields."""
+    repo = scratch / (repo_name or f"{task.instance_id}-repo")
     repo.parent.mkdir(parents=True, exist_ok=True)
     materialize(task, repo)
-    backend = LocalSandboxBackend()
-    with backend.create(SandboxSpec(repo=repo, env=PYTHON_PATH_ENV, label="tasks-test")) as box:
+    backend = LocalSandboxBackend() if backend is None else backend
+    fields = {"env": PYTHON_PATH_ENV, **spec}
+    with backend.create(SandboxSpec(repo=repo, label=label, **fields)) as box:
         yield box
 
 
