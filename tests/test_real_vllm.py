@@ -500,17 +500,17 @@ class StreamWatch:
             time.sleep(0.05)
 
 
-@pytest.mark.skip(reason="flaky, cause not found (#24): on 2026-12-02 it failed 4 of 6 runs here "
-                  "in three ways (the episode ended 'failed' instead of 'infra_error'; the "
-                  "episode's call never streamed beside the chat's within 180 s; the chat's "
-                  "call ended before the kill, so the next got a 503), even with vLLM's "
-                  "min_tokens set to max_tokens: a call ends sooner than its random weights "
-                  "explain")
 def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
         engine, second, tmp_path):
     """While a Pi episode and a client's chat stream are mid-generation on it, the server is
     SIGKILLed: the client gets its dialect's error, the episode ends `infra_error` with
-    nothing left running; sessions it owned that had not begun are served by the other."""
+    nothing left running; sessions it owned that had not begun are served by the other.
+
+    The kill waits until the server itself reports both calls running
+    (`vllm:num_requests_running`), not only until the proxy has streamed from both: the proxy
+    reads behind what the server has sent, so a call it still streams may already be whole in
+    the socket buffers, and then it outlives the kill (that made it fail 4 of 6 runs; with
+    the wait it passed 5 of 5 at load 11-13)."""
     _needs_pi()
     urls = [engine.urls[0], second.url]
     pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
