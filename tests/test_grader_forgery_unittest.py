@@ -13,6 +13,8 @@ only a forged verdict could pass it.
 
 from __future__ import annotations
 
+import os
+
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -150,6 +152,17 @@ def _tracer(frame, event, arg):
 sys.settrace(_tracer)
 '''
 
+# A child that is not Python (no audit hook of its own) opens the runner's memory, where the
+# run's key lives; the F2P test then fails with what it saw (the pytest path's CHILD_READS_MEMORY).
+CHILD_OPENS_MEMORY = """
+import os, subprocess
+_said = subprocess.run(
+    ["bash", "-c", "exec 3</proc/%d/mem && echo CHILD-READ: opened || echo CHILD-READ: denied"
+     % os.getpid()], capture_output=True, text=True).stdout.strip()
+def clamp(x, low, high):
+    raise AssertionError(_said)  # a failure, as unittest counts one
+"""
+
 # code, whether it sits on the fix, expected reason, what the error says
 ATTACKS = {
     "closure-walk": (CLOSURE_WALK + BUGGY, "tests_failed", ""),
@@ -166,6 +179,7 @@ ATTACKS = {
                                 "sys.modules['_harness_gym_grading.channel'] was replaced"),
     "path-object-in-the-hook": (PATH_OBJECT_TEMPLATE % F2P + BUGGY, "tampered",
                                 "open() of a path object"),
+    "child-opens-memory": (CHILD_OPENS_MEMORY, "tests_failed", ""),
     "tracer-from-the-code-under-test": (TRACER + FIXED, "tampered",
                                         "a trace or profile function installed at clamp.py"),
 }  # fmt: skip
@@ -210,6 +224,17 @@ def test_unittest_forgery_is_caught(graded: dict[str, GradeResult], attack: str)
     assert_failed(result, reason, says=says)  # the failure's reward, with the reason
     if reason != "tampered":  # found nothing to forge with: the test failed on its merits
         assert result.tests[F2P] == TestStatus.FAILED
+
+
+def test_a_child_cannot_open_the_unittest_runners_memory(
+    graded: dict[str, GradeResult], request: pytest.FixtureRequest
+) -> None:
+    """The runner is non-dumpable (before that, a bash child opened it on every backend). A
+    limit of `local` as root, as on the pytest path: the child keeps CAP_SYS_PTRACE there."""
+    output = graded["child-opens-memory"].test_output
+    said = [line for line in output.splitlines() if "CHILD-READ" in line]
+    opened = request.node.callspec.params["graded"] == "local" and os.geteuid() == 0
+    assert said and ("CHILD-READ: opened" in said[-1]) == opened, output[-2000:]
 
 
 @pytest.mark.parametrize("case", list(HONEST))

@@ -10,7 +10,8 @@ outcome the test had (a failed subtest fails it); `start` and `end` frame each o
 As on the pytest path (`engine.py`), nothing the code under test reaches by attribute walks
 holds the run: the channel, its key and every test's state are locals of the engine's frame;
 the wrappers hold only the engine's `send` (a default argument, whose read the audit hook
-refuses). Each event is checked before the engine acts (`_caller_problem`): on the main thread,
+refuses); the process is non-dumpable, so a child that is not Python (no audit hook) cannot
+open its memory. Each event is checked before the engine acts (`_caller_problem`): on the main thread,
 in the runner's pid, called by unittest itself (the first frame below the result's own methods
 is unittest's code, by code identity; the result's methods in between are unittest's or, from
 the work tree, reported for the grader to compare with the task's files), on the result of the
@@ -34,6 +35,7 @@ from .channel import open_channel
 from .engine import engine, quiet
 from .files import describe, inside
 from .guard import install as install_guard
+from .guard import no_memory_reads
 from .run_records import RunRecords, grader_namespace, guarded
 from .watch import RunnerWatch
 
@@ -276,6 +278,7 @@ def arm():
     run.watch = RunnerWatch(channel.workdir)  # after wrapping: the wrappers are the baseline
     for problem in run.watch.problems:
         run.tampered("baseline", problem)
+    no_memory_reads()  # before the guard, which refuses the ctypes call it makes
     guard, _ = install_guard(lambda detail: run.tampered("introspection", detail), run.workdir,
                              run.tracer, in_event)  # fmt: skip
     if guard is not None:
