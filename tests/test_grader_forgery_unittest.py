@@ -25,7 +25,8 @@ from harness_gym.tasks import GradeResult, TestStatus, materialize
 from test_grader_attacks import CTYPES_READ, GC_WALK_TEMPLATE, MODULE_REPLACEMENT
 from test_grader_forgery import PATH_OBJECT_TEMPLATE
 
-from support.grading import UNITTEST, assert_failed, grade_cases, run_agent, skip_if_unavailable, write
+from support.grading import (UNITTEST, assert_failed, grade_cases, run_agent,
+                             skip_if_unavailable, write)  # fmt: skip
 
 pytestmark = pytest.mark.filterwarnings("ignore::harness_gym.sandbox.UnisolatedSandboxWarning")
 

@@ -11,8 +11,8 @@ As on the pytest path (`engine.py`), nothing the code under test reaches by attr
 holds the run: the channel, its key and every test's state are locals of the engine's frame;
 the wrappers hold only the engine's `send` (a default argument, whose read the audit hook
 refuses); the process is non-dumpable, so a child that is not Python (no audit hook) cannot
-open its memory. Each event is checked before the engine acts (`_caller_problem`): on the main thread,
-in the runner's pid, called by unittest itself (the first frame below the result's own methods
+open its memory. Each event is checked before the engine acts (`_caller_problem`): on the main
+thread, in the runner's pid, called by unittest itself (the first frame below the result's own methods
 is unittest's code, by code identity; the result's methods in between are unittest's or, from
 the work tree, reported for the grader to compare with the task's files), on the result of the
 outermost run (a test that runs a suite of its own into another result reports nothing), for
