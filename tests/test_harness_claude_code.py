@@ -13,7 +13,6 @@ import re
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,10 @@ import pytest
 from harness_gym.harness import Endpoint, load_harness
 from harness_gym.harnesses.claude_code import ClaudeCodeHarness
 from harness_gym.sandbox.local import LocalSandbox
-from support.parallel import started_together
-from support.scripted_anthropic import ScriptedMessagesServer, shell_then_done
+from support.cli_runs import PROBE, Run, ScriptedCLI, connect_targets, started
 from support.scripted_openai import RecordedRequest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_requests.json"
-PROBE = "echo hello > probe.txt"
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Claude Code installs with npm")
 
@@ -39,43 +36,17 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def _episode(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedMessagesServer(shell_then_done("Bash", PROBE)) as server:
-        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy",
-                            max_tokens=1024)
-        result = ClaudeCodeHarness().launch(box, endpoint, "Write hello into probe.txt.",
-                                            cache_dir=cache).wait(timeout=120)
-    return {"result": result, "server": server}
-
-
-def _strace(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    log = box.root / "connect.log"
-    with ScriptedMessagesServer(shell_then_done("Bash", PROBE)) as server:
-        plan = ClaudeCodeHarness().prepare(box, Endpoint(server.base_url, "key"), "hi",
-                                           cache_dir=cache)
-        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
-        result = box.start(argv, env=plan.env).wait(timeout=120)
-    return {"result": result, "server": server, "log": log.read_text()}
-
-
-def _failed_call(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedMessagesServer(shell_then_done("Bash", PROBE), route="/missing") as server:
-        result = ClaudeCodeHarness().launch(box, Endpoint(server.base_url, "key"), "hi",
-                                            cache_dir=cache).wait(timeout=120)
-    return {"result": result}
-
-
-RUNS = {"episode": _episode, "strace": _strace, "failed_call": _failed_call}
+CLI = ScriptedCLI(ClaudeCodeHarness, prompt="Write hello into probe.txt.",
+                  endpoint={"max_tokens": 1024})
 
 
 @pytest.fixture(scope="module")
-def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[dict[str, Any]]]]]:
+def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[Run]]]]:
     """The three Claude Code runs the tests below look at, started together
-    (`support.parallel.started_together`: each its own sandbox and scripted server). Each is
-    mostly a Claude Code start-up; together they take about the time of one and a half."""
-    wanted = {k: f for k, f in RUNS.items() if k != "strace" or shutil.which("strace")}
-    with started_together({k: partial(f, cache) for k, f in wanted.items()}) as started:
-        yield started
+    (`support.cli_runs`). Each is mostly a Claude Code start-up; together they take about the
+    time of one and a half."""
+    with started(CLI, cache) as done:
+        yield done
 
 
 def test_claude_code_is_found_by_its_entry_point_name() -> None:
@@ -122,9 +93,7 @@ def test_claude_code_connects_to_nothing_but_the_base_url(runs) -> None:
     _, run = runs["strace"]
     result, server, log = run.result()["result"], run.result()["server"], run.result()["log"]
     assert result.exit_code == 0, result.stderr
-    inet = [line for line in log.splitlines() if "AF_INET" in line]
-    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
-    assert targets == {(str(server.port), "127.0.0.1")}
+    assert connect_targets(log) == {(str(server.port), "127.0.0.1")}
 
 
 def test_a_failed_model_call_is_reported_as_an_error(runs) -> None:

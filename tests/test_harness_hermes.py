@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness_gym.harnesses.hermes import HermesHarness
-from support.parallel import started_together
+from support.cli_runs import PROBE, Run, ScriptedCLI, connect_targets, started
 from support.recorded_requests import chat_shape, portable
-from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
+from support.scripted_openai import RecordedRequest
 
 from harness_gym.harness import Endpoint, HarnessError, load_harness
 from harness_gym.sandbox.base import ExecResult
 from harness_gym.sandbox.local import LocalSandbox
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
-PROBE = "echo hello > probe.txt"
 CHAT = ("POST", "/v1/chat/completions")
 
 
@@ -38,42 +35,16 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def _episode(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
-        result = HermesHarness().launch(box, endpoint, "Write hello into probe.txt.",
-                                        cache_dir=cache).wait(timeout=180)
-    return {"result": result, "server": server}
-
-
-def _strace(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    log = box.root / "connect.log"
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        plan = HermesHarness().prepare(box, Endpoint(server.base_url, "key"), "hi",
-                                       cache_dir=cache)
-        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
-        result = box.start(argv, env=plan.env).wait(timeout=180)
-    return {"result": result, "server": server, "log": log.read_text()}
-
-
-def _failed_call(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedChatServer(shell_then_done("terminal", PROBE)) as server:
-        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
-        result = HermesHarness().launch(box, endpoint, "hi", cache_dir=cache).wait(timeout=180)
-    return {"result": result}
-
-
-RUNS = {"episode": _episode, "strace": _strace, "failed_call": _failed_call}
+CLI = ScriptedCLI(HermesHarness, prompt="Write hello into probe.txt.", timeout_s=180)
 
 
 @pytest.fixture(scope="module")
-def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[dict[str, Any]]]]]:
+def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[Run]]]]:
     """The three Hermes runs the slow tests below look at, started together
-    (`support.parallel.started_together`: each its own sandbox and scripted server). A Hermes
-    start is ~10 s of Python imports on one core; one after the other they took ~35 s."""
-    wanted = {k: f for k, f in RUNS.items() if k != "strace" or shutil.which("strace")}
-    with started_together({k: partial(f, cache) for k, f in wanted.items()}) as started:
-        yield started
+    (`support.cli_runs`). A Hermes start is ~10 s of Python imports on one core; one after the
+    other they took ~35 s."""
+    with started(CLI, cache) as done:
+        yield done
 
 
 def test_hermes_is_found_by_its_entry_point_name() -> None:
@@ -126,9 +97,7 @@ def test_hermes_connects_to_nothing_but_the_base_url(runs) -> None:
     _, run = runs["strace"]
     result, server, log = run.result()["result"], run.result()["server"], run.result()["log"]
     assert result.exit_code == 0, result.stderr
-    inet = [line for line in log.splitlines() if "AF_INET" in line]
-    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
-    assert targets == {(str(server.port), "127.0.0.1")}
+    assert connect_targets(log) == {(str(server.port), "127.0.0.1")}
 
 
 @pytest.mark.slow

@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness_gym.harnesses.opencode import OpenCodeHarness
-from support.parallel import started_together
+from support.cli_runs import PROBE, Run, ScriptedCLI, connect_targets, started
 from support.recorded_requests import chat_shape, portable
-from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
+from support.scripted_openai import RecordedRequest
 
 from harness_gym.harness import Endpoint, load_harness
 from harness_gym.sandbox.local import LocalSandbox
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opencode_requests.json"
-PROBE = "echo hello > probe.txt"
 # Double spaces, a newline, a quote, a number: OpenCode must get it back byte for byte.
 PROMPT = 'Write hello  into probe.txt.\n"quoted" 2'
 
@@ -40,43 +37,15 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def _episode(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
-        endpoint = Endpoint(server.base_url, api_key="session-key-1", model="policy")
-        result = OpenCodeHarness().launch(box, endpoint, PROMPT,
-                                          cache_dir=cache).wait(timeout=120)
-    return {"result": result, "server": server}
-
-
-def _strace(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    log = box.root / "connect.log"
-    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
-        plan = OpenCodeHarness().prepare(box, Endpoint(server.base_url, "key"), "hi",
-                                         cache_dir=cache)
-        argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
-        result = box.start(argv, env=plan.env).wait(timeout=120)
-    return {"result": result, "server": server, "log": log.read_text()}
-
-
-def _failed_call(cache: Path, box: LocalSandbox) -> dict[str, Any]:
-    with ScriptedChatServer(shell_then_done("bash", PROBE)) as server:
-        endpoint = Endpoint(server.base_url + "/missing", "key")  # every call gets a 404
-        result = OpenCodeHarness().launch(box, endpoint, "hi",
-                                          cache_dir=cache).wait(timeout=120)
-    return {"result": result}
-
-
-RUNS = {"episode": _episode, "strace": _strace, "failed_call": _failed_call}
+CLI = ScriptedCLI(OpenCodeHarness, prompt=PROMPT)
 
 
 @pytest.fixture(scope="module")
-def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[dict[str, Any]]]]]:
-    """The three OpenCode runs the tests below look at, started together
-    (`support.parallel.started_together`: each its own sandbox and scripted server). Each is
-    mostly an OpenCode start-up; together they take about the time of one and a half."""
-    wanted = {k: f for k, f in RUNS.items() if k != "strace" or shutil.which("strace")}
-    with started_together({k: partial(f, cache) for k, f in wanted.items()}) as started:
-        yield started
+def runs(cache: Path) -> Iterator[dict[str, tuple[LocalSandbox, Future[Run]]]]:
+    """The three OpenCode runs the tests below look at, started together (`support.cli_runs`).
+    Each is mostly an OpenCode start-up; together they take about the time of one and a half."""
+    with started(CLI, cache) as done:
+        yield done
 
 
 def test_opencode_is_found_by_its_entry_point_name() -> None:
@@ -126,9 +95,7 @@ def test_opencode_connects_to_nothing_but_the_base_url(runs) -> None:
     _, run = runs["strace"]
     result, server, log = run.result()["result"], run.result()["server"], run.result()["log"]
     assert result.exit_code == 0, result.stderr
-    inet = [line for line in log.splitlines() if "AF_INET" in line]
-    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
-    assert targets == {(str(server.port), "127.0.0.1")}
+    assert connect_targets(log) == {(str(server.port), "127.0.0.1")}
 
 
 def test_a_failed_model_call_is_reported_as_an_error(runs) -> None:

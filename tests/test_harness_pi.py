@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from harness_gym.harnesses.pi import PiHarness
+from support.cli_runs import connect_targets
 from support.recorded_requests import chat_shape, portable
 from support.scripted_openai import RecordedRequest, ScriptedChatServer, shell_then_done
 
@@ -152,9 +152,7 @@ def test_pi_connects_to_nothing_but_the_base_url(pi_cache: Path, box: LocalSandb
         plan = harness.prepare(box, Endpoint(server.base_url, "key"), "hi", cache_dir=pi_cache)
         argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(log), *plan.argv]
         assert box.start(argv, env=plan.env).wait(timeout=120).exit_code == 0
-    inet = [line for line in log.read_text().splitlines() if "AF_INET" in line]
-    targets = {re.search(r"htons\((\d+)\).*?addr\(\"([^\"]+)\"\)", line).groups() for line in inet}
-    assert targets == {(str(server.port), "127.0.0.1")}
+    assert connect_targets(log.read_text()) == {(str(server.port), "127.0.0.1")}
 
 
 def test_a_failed_model_call_exits_zero_but_is_reported_as_an_error(
