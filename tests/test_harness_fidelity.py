@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from typing import Any
 
 import pytest
-from support.fidelity import run_harness, scripted
-from support.parallel import in_threads
+from support.fidelity import HarnessRun, run_harness, scripted
+from support.parallel import each_in_threads, in_threads, result_of, selected_params
 
+from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.episode import TASK_INSTRUCTION
 from harness_gym.harness import load_harness
 
@@ -64,14 +66,45 @@ def _installed(name: str):
     return harness
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cli", CLIS)
-def test_the_model_sees_the_task_text_byte_for_byte(cli: str) -> None:
+def task_text_run(cli: str) -> tuple[str, ScriptedEngine, HarnessRun]:
+    """(prompt, engine, run): `cli` given the 20 KB task text, the policy answering "Done."."""
     statement = problem_statement()
     assert len(statement.encode()) > 20_000
     prompt = statement + TASK_INSTRUCTION
     engine = scripted(lambda _: "Done.")
-    run = run_harness(_installed(cli), engine, prompt)
+    return prompt, engine, run_harness(_installed(cli), engine, prompt)
+
+
+def numbers_run(cli: str) -> HarnessRun:
+    """`cli` asked to run a tool call whose arguments hold NUMBERS, then "Done."."""
+    harness = _installed(cli)
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "Done."
+        return ('<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
+                % (harness.shell_tool, NUMBERS))
+
+    return run_harness(harness, scripted(script), "Run the command.")
+
+
+@pytest.fixture(scope="module")
+def cli_runs(request: pytest.FixtureRequest) -> dict[tuple[str, str], Any]:
+    """(test, cli) -> its run (or the error it raised) for the two per-CLI tests below, those
+    selected, three CLI runs at a time (`support.parallel`: each run its own engine, proxy
+    and sandbox) instead of one after the other."""
+    tests = {task_text_run: test_the_model_sees_the_task_text_byte_for_byte,
+             numbers_run: test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment}
+    wanted = [(run, cli) for run, test in tests.items()
+              for cli in selected_params(request, test, "cli")]
+    done = each_in_threads(lambda job: job[0](job[1]), wanted, 3)
+    return {(run.__name__, cli): outcome for (run, cli), outcome in zip(wanted, done)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", CLIS)
+def test_the_model_sees_the_task_text_byte_for_byte(cli: str, cli_runs) -> None:
+    prompt, engine, run = result_of(cli_runs[("task_text_run", cli)])
     assert run.trace.n_llm_calls >= 1, run.result.stderr[-2000:]
     agent_prompt = run.prompts(engine)[0]
     # The whole user text, bounded: after the turn header (or a system-reminder block the CLI
@@ -97,16 +130,9 @@ NUMBERS = '{"command": "echo ok", "timeout": 120000.0, "n": 1e5, "big": 12345678
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cli", JAVASCRIPT_CLIS)
-def test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment(cli: str) -> None:
-    harness = _installed(cli)
-
-    def script(prompt: str) -> str:
-        if "<tool_response>" in prompt:
-            return "Done."
-        return ('<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
-                % (harness.shell_tool, NUMBERS))
-
-    run = run_harness(harness, scripted(script), "Run the command.")
+def test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment(cli: str,
+                                                                     cli_runs) -> None:
+    run = result_of(cli_runs[("numbers_run", cli)])
     segments = run.trace.to_dicts()
     agents = [s for s in segments if s["role"] == "agent"]
     assert run.trace.n_llm_calls == 2, run.result.stdout[-3000:]

@@ -16,7 +16,8 @@ import time
 
 import gymnasium as gym
 import pytest
-from support.fidelity import run_harness, scripted
+from support.fidelity import HarnessRun, run_harness, scripted
+from support.parallel import each_in_threads, result_of, selected_params
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.config import EpisodeConfigError
@@ -154,14 +155,28 @@ WINDOWS = {"pi": SMOLLM2_CONTEXT, "opencode": None, "claude-code": None, "gemini
 NO_OUTPUT_CAP = ("codex",)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cli", list(WINDOWS))
-def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str):
+def told_the_limits(cli: str, turns: int) -> tuple[int, HarnessRun]:
+    """(window, run) of `cli` told a window of WINDOWS[cli] (or its minimum), asked for
+    `turns` commands."""
     harness = load_harness(cli)
     window = WINDOWS[cli] or harness.min_context
-    turns = 3
     engine = scripted(tool_turns(harness.shell_tool, turns), "smollm2", window)
-    run = run_harness(harness, engine, "Run three commands, one at a time.")
+    return window, run_harness(harness, engine, "Run three commands, one at a time.")
+
+
+@pytest.fixture(scope="module")
+def limit_runs(request: pytest.FixtureRequest) -> dict[str, tuple[int, HarnessRun] | Exception]:
+    """cli -> told_the_limits(cli, 3), for the CLIs whose test below is selected, three at a
+    time (`support.parallel`: each run its own engine, proxy and sandbox)."""
+    test = test_told_the_models_limits_a_cli_neither_compacts_nor_continues
+    clis = selected_params(request, test, "cli")
+    return dict(zip(clis, each_in_threads(lambda cli: told_the_limits(cli, 3), clis, 3)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", list(WINDOWS))
+def test_told_the_models_limits_a_cli_neither_compacts_nor_continues(cli: str, limit_runs):
+    turns, (window, run) = 3, result_of(limit_runs[cli])
     segments = run.trace.to_dicts()
     assert [s["role"] for s in segments] == ["agent"], run.result.stdout[-3000:]
     assert run.trace.n_llm_calls == turns + 1 == segments[0]["n_calls"]

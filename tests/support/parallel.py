@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from harness_gym.sandbox import SandboxSpec
 from harness_gym.sandbox.local import LocalSandbox, LocalSandboxBackend
@@ -36,6 +36,39 @@ def in_threads(work: Callable[[list[T]], list[R]], items: Sequence[T], workers: 
             raise ValueError(f"work returned {len(answers)} results for {len(share)} items")
         results[i::workers] = answers
     return results  # type: ignore[return-value]
+
+
+def each_in_threads(run: Callable[[T], R], items: Sequence[T], workers: int
+                    ) -> list[R | Exception]:
+    """`run(item)` for each item, `workers` at a time (`in_threads`); an item whose run raised
+    gets its exception instead, for its own test to raise: one failure fails only its test."""
+
+    def work(share: list[T]) -> list[R | Exception]:
+        done: list[R | Exception] = []
+        for item in share:
+            try:
+                done.append(run(item))
+            except Exception as error:  # noqa: BLE001 - raised by that item's test
+                done.append(error)
+        return done
+
+    return in_threads(work, items, workers)
+
+
+def result_of(outcome: R | Exception) -> R:
+    """An `each_in_threads` item's result, or the error its run raised, raised here."""
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def selected_params(request: Any, test: Callable[..., Any], name: str) -> list[Any]:
+    """The values of parameter `name` of `test`, a test function of the requesting module, in
+    the tests selected for this run (after `-k`, `-m`, node ids): what a module fixture that
+    runs them all at once should run."""
+    return [item.callspec.params[name] for item in request.session.items
+            if getattr(item, "originalname", None) == test.__name__
+            and getattr(item, "module", None) is request.module]
 
 
 @contextmanager
