@@ -16,6 +16,7 @@ import sys
 import tomllib
 
 import pytest
+from support.parallel import in_threads
 from test_harness_episodes import EPISODES, TASKS, changed_lines, isolated_network
 
 from harness_gym.harness import Endpoint, load_harness
@@ -142,8 +143,9 @@ def test_the_conformance_check_passes_both_gemini_clis():
     gemini, qwen = load_harness("gemini-cli"), load_harness("qwen-code")
     gemini.install()
     qwen.install()
-    assert check_harness(gemini) == []
-    assert check_harness(qwen) == []
+    # Side by side (`support.parallel`): each check is its own proxy, sandbox and CLI run.
+    problems = in_threads(lambda share: [check_harness(h) for h in share], [gemini, qwen], 2)
+    assert problems == [[], []], problems
 
 
 # Starts like one of Qwen Code's slash commands, holds @-mentions after no space, a flag it
@@ -183,14 +185,15 @@ def test_qwen_code_shows_a_task_that_looks_like_a_command_verbatim_only_with_its
 
     harness = load_harness("qwen-code")
     harness.install()
-    engine = scripted(lambda _: "Done.")
-    run = run_harness(harness, engine, QWEN_HOSTILE)
-    assert f"</system-reminder>{QWEN_HOSTILE}<|im_end|>" in run.prompts(engine)[0]
 
     class Unhooked(QwenCodeHarness):
         env = {k: v for k, v in QwenCodeHarness.env.items() if k != "NODE_OPTIONS"}
 
-    bare = run_harness(Unhooked(), scripted(lambda _: "Done."), QWEN_HOSTILE)
+    # The two runs side by side (`support.parallel`), each with its own engine and proxy.
+    engines = [scripted(lambda _: "Done."), scripted(lambda _: "Done.")]
+    run, bare = in_threads(lambda share: [run_harness(h, e, QWEN_HOSTILE) for h, e in share],
+                           [(harness, engines[0]), (Unhooked(), engines[1])], 2)
+    assert f"</system-reminder>{QWEN_HOSTILE}<|im_end|>" in run.prompts(engines[0])[0]
     # Without it, "/help" is its own command: it prints its help and never asks the model.
     assert bare.trace.n_llm_calls == 0 and "/help" in bare.result.stdout, bare.result.stdout[-500:]
 
