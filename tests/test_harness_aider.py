@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import yaml
 from test_harness_episodes import TASKS, changed_lines, isolated_network
-from test_harness_more_clis import TASK, run_episodes
+from test_harness_more_clis import TASK
 
 from harness_gym.engines.oracle import UDIFF_REQUEST, udiff_blocks
 from harness_gym.harness import Endpoint, load_harness
@@ -151,14 +151,38 @@ def test_aider_sends_the_task_as_written_with_the_cap_and_nothing_else() -> None
         pytest.skip("aider behaved, but on the host network: unshare --net needs root")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_aider_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop() -> None:
+@pytest.fixture(scope="module")
+def bwrap_episodes() -> tuple[dict[str, dict], bool]:
+    """engine -> info of the oracle, `oracle:noop` and teacher episodes on the task, on bwrap:
+    one driver process (`test_harness_episodes.EPISODES`, under `unshare --net` where it can)
+    runs the three side by side, instead of one driver for the oracle and noop and another
+    for the teacher; and whether the driver was offline."""
+    from test_harness_episodes import EPISODES
+
     if shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap")
     load_harness("aider").install()
-    (solved, failed), offline = run_episodes("aider")
-    assert (solved["engine"], failed["engine"]) == ("oracle", "oracle:noop")
+    script = EPISODES.replace('sandbox="local"', 'sandbox="bwrap"').replace(
+        '(("oracle", task_ids), ("oracle:noop", task_ids[:1]))',
+        '(("oracle", task_ids), ("oracle:noop", task_ids[:1]), ("teacher", task_ids))')
+    assert '"teacher"' in script and 'sandbox="bwrap"' in script
+    prefix = isolated_network()
+    done = subprocess.run([*(prefix or []), sys.executable, "-c", script, "aider", TASK],
+                          capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    infos = json.loads(lines[-1][len("RESULT "):])
+    by_engine = {info["engine"]: info for info in infos}
+    assert sorted(by_engine) == ["oracle", "oracle:noop", "teacher"] and len(infos) == 3
+    return by_engine, prefix is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_aider_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop(
+        bwrap_episodes) -> None:
+    infos, offline = bwrap_episodes
+    solved, failed = infos["oracle"], infos["oracle:noop"]
     assert solved["outcome"] == "passed", (solved["error"], solved["harness_output"]["tail"])
     task = TASKS[TASK]
     assert all(solved["tests"][t] == "PASSED" for t in task.FAIL_TO_PASS)
@@ -173,23 +197,11 @@ def test_aider_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noo
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_teacher_solves_a_builtin_task_through_aider_on_bwrap() -> None:
+def test_the_teacher_solves_a_builtin_task_through_aider_on_bwrap(bwrap_episodes) -> None:
     """The teacher answers aider's udiff request with the gold hunks under `@@ ... @@` headers
     (no line numbers): aider applies them and the tests pass."""
-    from test_harness_episodes import EPISODES
-
-    if shutil.which("bwrap") is None:
-        pytest.skip("needs bubblewrap")
-    load_harness("aider").install()
-    script = EPISODES.replace('sandbox="local"', 'sandbox="bwrap"').replace(
-        '(("oracle", task_ids), ("oracle:noop", task_ids[:1]))', '(("teacher", task_ids),)')
-    assert '"teacher"' in script and 'sandbox="bwrap"' in script
-    prefix = isolated_network()
-    done = subprocess.run([*(prefix or []), sys.executable, "-c", script, "aider", TASK],
-                          capture_output=True, text=True, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    (taught,) = json.loads(lines[-1][len("RESULT "):])
+    infos, _ = bwrap_episodes
+    taught = infos["teacher"]
     assert taught["outcome"] == "passed", (taught["error"], taught["harness_output"]["tail"])
     assert changed_lines(taught["patch"]) == changed_lines(TASKS[TASK].patch)
     assert taught["n_llm_calls"] == 1 and taught["n_tool_calls"] == 0
