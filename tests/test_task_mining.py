@@ -28,6 +28,7 @@ from harness_gym.tasks.mine.runs import failure_excerpt
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.cli import main as cli_main
+from support.parallel import in_threads
 
 PACKAGE = "inflection==0.5.1"
 
@@ -260,23 +261,40 @@ def test_git_history_keeps_the_fix_with_its_new_test_and_rejects_the_rest(histor
     assert "test_mean_of_nothing" in task.test_patch
 
 
+@pytest.fixture(scope="module")
+def git_tasks(history, tmp_path_factory) -> Path:
+    """One task mined from the history, once for the module (it was mined per test)."""
+    out = tmp_path_factory.mktemp("mined-git")
+    make_tasks(git=history, n=1, out=out, progress=False)
+    return out
+
+
+def run_each(directories: dict[str, Path], **make) -> dict[str, tuple[float, dict]]:
+    """kind -> (reward, info) of one Pi episode on the first task of each directory: the envs
+    made one after the other, their episodes side by side (`support.parallel`)."""
+    envs = {}
+    try:
+        for kind, directory in directories.items():
+            task = load_tasks(directory)[0]
+            envs[kind] = gym.make("HarnessSWE-v0", tasks=str(directory), harness="pi", **make)
+            envs[kind].reset(options={"task_id": task.instance_id})
+        steps = in_threads(lambda share: [env.step({}) for env in share],
+                           list(envs.values()), workers=len(envs))
+    finally:
+        for env in envs.values():
+            env.close()
+    return {kind: (reward, info) for kind, (_, reward, _, _, info) in zip(envs, steps)}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 @pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
-def test_pi_solves_mined_tasks_with_the_oracle_and_noop_fails_them(pypi_tasks, history, tmp_path,
+def test_pi_solves_mined_tasks_with_the_oracle_and_noop_fails_them(pypi_tasks, git_tasks,
                                                                     engine, outcome):
-    git_out = tmp_path / "git"
-    make_tasks(git=history, n=1, out=git_out, progress=False)
-    for directory in (pypi_tasks, git_out):
-        task = load_tasks(directory)[0]
-        env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi")
-        try:
-            env.reset(options={"task_id": task.instance_id})
-            _, reward, _, _, info = env.step({})
-            assert info["outcome"] == outcome, (task.instance_id, info["error"], info["grade"])
-            assert (reward > 0) == (outcome == "passed")
-        finally:
-            env.close()
+    ran = run_each({"pypi": pypi_tasks, "git": git_tasks}, engine=engine)
+    for kind, (reward, info) in ran.items():
+        assert info["outcome"] == outcome, (kind, info["error"], info["grade"])
+        assert (reward > 0) == (outcome == "passed")
 
 
 TEACHER_CLIS = ["pi", "opencode", "claude-code", "hermes"]
