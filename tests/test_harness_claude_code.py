@@ -1,4 +1,4 @@
-"""Claude Code, for real: installed from npm into a fresh cache, run headless in a local sandbox
+"""Claude Code, for real: installed from npm into the harness cache, run headless in a local sandbox
 against a scripted Anthropic Messages server, its requests recorded.
 
 Set HARNESS_GYM_UPDATE_FIXTURES=1 to rewrite tests/fixtures/claude_code_requests.json (the
@@ -29,15 +29,13 @@ FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_requests.json"
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Claude Code installs with npm")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("harness-cache")
-    ClaudeCodeHarness().install(cache)
-    return cache
-
-
 CLI = ScriptedCLI(ClaudeCodeHarness, prompt="Write hello into probe.txt.",
                   endpoint={"max_tokens": 1024})
+
+
+@pytest.fixture(scope="module")
+def cache() -> Path:
+    return CLI.installed()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Hermes Agent, for real: installed from PyPI into its own venv in a fresh cache, run headless
+"""Hermes Agent, for real: installed from PyPI into its own venv in the harness cache, run headless
 in a local sandbox against a scripted OpenAI Chat Completions server, its requests recorded.
 
 Set HARNESS_GYM_UPDATE_FIXTURES=1 to rewrite tests/fixtures/hermes_requests.json from this run.
@@ -28,14 +28,12 @@ FIXTURE = Path(__file__).parent / "fixtures" / "hermes_requests.json"
 CHAT = ("POST", "/v1/chat/completions")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("harness-cache")
-    HermesHarness().install(cache)
-    return cache
-
-
 CLI = ScriptedCLI(HermesHarness, prompt="Write hello into probe.txt.", timeout_s=180)
+
+
+@pytest.fixture(scope="module")
+def cache() -> Path:
+    return CLI.installed()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""OpenCode, for real: installed from npm into a fresh cache, run headless in a local sandbox
+"""OpenCode, for real: installed from npm into the harness cache, run headless in a local sandbox
 against a scripted OpenAI Chat Completions server, its requests recorded.
 
 Set HARNESS_GYM_UPDATE_FIXTURES=1 to rewrite tests/fixtures/opencode_requests.json from this run.
@@ -30,14 +30,12 @@ PROMPT = 'Write hello  into probe.txt.\n"quoted" 2'
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="OpenCode installs with npm")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = tmp_path_factory.mktemp("harness-cache")
-    OpenCodeHarness().install(cache)
-    return cache
-
-
 CLI = ScriptedCLI(OpenCodeHarness, prompt=PROMPT)
+
+
+@pytest.fixture(scope="module")
+def cache() -> Path:
+    return CLI.installed()
 
 
 @pytest.fixture(scope="module")

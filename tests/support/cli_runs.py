@@ -8,7 +8,7 @@ call of the harness's shell tool, then says "done". What differs per CLI is data
 each its own sandbox and server), since each is mostly a CLI start-up.
 
     CLI = ScriptedCLI(OpenCodeHarness, prompt="Write hello into probe.txt.")
-    with started(CLI, cache) as runs:
+    with started(CLI, CLI.installed()) as runs:
         box, future = runs["episode"]
 """
 
@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness_gym.harness import Endpoint, HarnessSpec
+from harness_gym.harness import Endpoint, HarnessSpec, harness_cache_dir
 from harness_gym.sandbox.local import LocalSandbox
 
 from . import scripted_anthropic, scripted_openai
@@ -56,6 +56,13 @@ class ScriptedCLI:
         server_type, script = SERVERS[harness.dialect]
         routed = {"route": route} if route else {}
         return server_type(script(harness.shell_tool, PROBE), **routed)
+
+    def installed(self) -> Path:
+        """The shared harness cache, with the CLI installed there (once per machine): the
+        cache the fidelity and limits modules run it from too. A temp cache per module
+        installed it once more each time (Hermes: ~30 s of pip)."""
+        self.harness().install()
+        return harness_cache_dir()
 
 
 def episode(cli: ScriptedCLI, cache: Path, box: LocalSandbox) -> Run:
