@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 import yaml
+from support.parallel import in_threads
 from test_harness_episodes import TASKS, changed_lines, isolated_network
 from test_harness_more_clis import TASK
 
@@ -126,9 +127,18 @@ PROBE = textwrap.dedent("""
 def test_aider_sends_the_task_as_written_with_the_cap_and_nothing_else() -> None:
     harness = load_harness("aider")
     harness.install()
+    from harness_gym.harness_check import check_harness
+
     prefix = isolated_network()
-    done = subprocess.run([*(prefix or []), sys.executable, "-c", PROBE, HOSTILE_TASK],
-                          capture_output=True, text=True, timeout=300)
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*(prefix or []), sys.executable, "-c", PROBE, HOSTILE_TASK],
+                              capture_output=True, text=True, timeout=300)
+
+    # The probe and `harnesses --check` side by side (`support.parallel`): each its own aider
+    # process, the probe's server and the check's proxy and sandbox its own.
+    done, problems = in_threads(lambda share: [job() for job in share],
+                                [probe, lambda: check_harness(harness)], 2)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
@@ -144,9 +154,7 @@ def test_aider_sends_the_task_as_written_with_the_cap_and_nothing_else() -> None
     assert task == {"role": "user", "content": HOSTILE_TASK}
     assert reminder["role"] == "system" and "unified diff" in reminder["content"]
     assert result["workdir"] == []  # no history files left in the repo
-    from harness_gym.harness_check import check_harness
-
-    assert check_harness(harness) == []  # `harnesses --check`: the probe's CRLF kept, the cap
+    assert problems == []  # `harnesses --check`: the probe's CRLF kept, the cap
     if prefix is None:
         pytest.skip("aider behaved, but on the host network: unshare --net needs root")
 
