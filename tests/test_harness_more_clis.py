@@ -16,7 +16,7 @@ import sys
 import tomllib
 
 import pytest
-from support.parallel import in_threads
+from support.parallel import each_in_threads, in_threads, result_of, selected_params
 from test_harness_episodes import EPISODES, TASKS, changed_lines, isolated_network
 
 from harness_gym.harness import Endpoint, load_harness
@@ -107,14 +107,30 @@ def run_episodes(harness: str) -> tuple[list[dict], bool]:
     return json.loads(lines[-1][len("RESULT "):]), prefix is not None
 
 
+def installed_episodes(harness: str) -> tuple[list[dict], bool]:
+    load_harness(harness).install()
+    return run_episodes(harness)
+
+
+@pytest.fixture(scope="module")
+def bwrap_episodes(request: pytest.FixtureRequest
+                   ) -> dict[str, tuple[list[dict], bool] | Exception]:
+    """harness -> its `run_episodes`, for the CLIs whose test below is selected, two drivers at
+    a time (`support.parallel`: each driver its own process, network namespace, envs and
+    sandboxes); a driver's error is raised by its CLI's test."""
+    if shutil.which("npm") is None or shutil.which("bwrap") is None:
+        pytest.skip("needs npm (the CLIs install with it) and bubblewrap")
+    test = test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop
+    names = selected_params(request, test, "harness")
+    return dict(zip(names, each_in_threads(installed_episodes, names, 2)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("harness", ["codex", "gemini-cli", "qwen-code", "mini-swe-agent"])
-def test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop(harness):
-    if shutil.which("npm") is None or shutil.which("bwrap") is None:
-        pytest.skip("needs npm (the CLIs install with it) and bubblewrap")
-    load_harness(harness).install()
-    infos, offline = run_episodes(harness)
+def test_the_cli_solves_a_builtin_task_on_bwrap_with_the_oracle_and_fails_with_noop(
+        harness, bwrap_episodes):
+    infos, offline = result_of(bwrap_episodes[harness])
     solved, failed = infos
     assert (solved["engine"], failed["engine"]) == ("oracle", "oracle:noop")
     assert solved["outcome"] == "passed", (solved["error"], solved["harness_output"]["tail"])
