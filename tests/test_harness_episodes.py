@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.parallel import each_in_threads, result_of, selected_params
 
 from harness_gym.harness import available_harnesses, load_harness
 from harness_gym.tasks.loader import load_tasks
@@ -91,13 +92,29 @@ def test_the_four_builtin_harnesses_are_registered():
     assert set(BUILTIN) <= set(available_harnesses())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("harness", BUILTIN)
-def test_a_real_cli_solves_builtin_tasks_offline_with_the_oracle_and_fails_with_noop(harness):
+def installed_episodes(harness: str) -> tuple[list[dict], bool]:
+    load_harness(harness).install()
+    return run_episodes(harness)
+
+
+@pytest.fixture(scope="module")
+def builtin_episodes(request: pytest.FixtureRequest
+                     ) -> dict[str, tuple[list[dict], bool] | Exception]:
+    """harness -> its `run_episodes`, for the CLIs whose test below is selected, two drivers at
+    a time (`support.parallel`: each driver its own process, network namespace, envs and
+    sandboxes); a driver's error is raised by its CLI's test."""
     if shutil.which("npm") is None:
         pytest.skip("the CLIs install with npm")
-    load_harness(harness).install()
-    infos, offline = run_episodes(harness)
+    test = test_a_real_cli_solves_builtin_tasks_offline_with_the_oracle_and_fails_with_noop
+    names = selected_params(request, test, "harness")
+    return dict(zip(names, each_in_threads(installed_episodes, names, 2)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", BUILTIN)
+def test_a_real_cli_solves_builtin_tasks_offline_with_the_oracle_and_fails_with_noop(
+        harness, builtin_episodes):
+    infos, offline = result_of(builtin_episodes[harness])
     solved = [i for i in infos if i["engine"] == "oracle"]
     assert [i["task_id"] for i in solved] == list(TASK_IDS)
     for info in solved:
