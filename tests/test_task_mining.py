@@ -375,14 +375,8 @@ def test_tasks_mined_on_docker_are_validated_there_with_the_images_python(docker
 @pytest.mark.parametrize("engine, outcome", [("oracle", "passed"), ("oracle:noop", "failed")])
 def test_pi_on_docker_solves_mined_tasks_with_the_oracle_and_noop_fails_them(docker_tasks,
                                                                            engine, outcome):
-    for kind, directory in docker_tasks.items():
-        (task,) = load_tasks(directory)
-        env = gym.make("HarnessSWE-v0", tasks=str(directory), engine=engine, harness="pi",
-                       sandbox="docker", episode_timeout_s=300)
-        try:
-            env.reset(options={"task_id": task.instance_id})
-            _, reward, _, _, info = env.step({})
-        finally:
-            env.close()
+    assert [len(load_tasks(d)) for d in docker_tasks.values()] == [1, 1]
+    ran = run_each(docker_tasks, engine=engine, sandbox="docker", episode_timeout_s=300)
+    for kind, (reward, info) in ran.items():
         assert info["outcome"] == outcome, (kind, info["error"], info["grade"])
         assert (reward > 0) == (outcome == "passed")
