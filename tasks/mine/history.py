@@ -72,6 +72,7 @@ class HistorySource:
         if not (self.path / ".git").exists():
             raise GitError(f"{self.path} is not a git repository (no .git)")
         self.label, self.scratch, self.runner_for = label, scratch, runner_for
+        self.scratch.mkdir(parents=True, exist_ok=True)
         span = f"{since}..HEAD" if since else "HEAD"
         shas = git(self.path, "rev-list", "--reverse", "--first-parent", "--no-merges",
                    span).split()  # fmt: skip
