@@ -18,6 +18,7 @@ import os
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,11 @@ class GitError(ValueError):
     """The path is not a git repository, or a git command failed."""
 
 
-def git(repo: Path, *args: str, binary: bool = False) -> Any:
+def git(repo: Path, *args: str, binary: bool = False, env: Mapping[str, str] | None = None) -> Any:
     try:
         done = subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=repo,
-                              env={**os.environ, **GIT_ISOLATION}, capture_output=True,
-                              check=True)  # fmt: skip
+                              env={**os.environ, **GIT_ISOLATION, **(env or {})},
+                              capture_output=True, check=True)  # fmt: skip
     except FileNotFoundError:
         raise GitError("git is not installed") from None
     except subprocess.CalledProcessError as error:
