@@ -233,6 +233,32 @@ def test_the_same_fix_made_twice_in_a_history_is_one_task(history, tmp_path):
     assert summary.kept == 1 and summary.rejected["duplicate"] == 1, summary
 
 
+def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_path):
+    # As cachetools 7.3.3's test did on 7.3.2 (a loop growing a list until the memory limit's
+    # SIGKILL): no per-test report, so every test would have looked like a FAIL_TO_PASS.
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    _commit(repo, "calc: double", {
+        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
+                                                              "    return 2 * x\n",
+        "tests/test_double.py": """\
+            import os
+            import signal
+
+            import calc.core
+
+            if not hasattr(calc.core, "double"):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+            def test_double():
+                assert calc.core.double(2) == 4
+            """})
+    summary = make_tasks(git=repo, n=5, out=tmp_path / "mined", progress=False)
+    assert summary.kept == 1 and summary.rejected == {"no_tests": 1, "no_fail_to_pass": 1,
+                                                      "killed": 1}, summary
+
+
 def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
     (task,) = load_tasks(next(p for p in pypi_tasks.iterdir() if p.is_dir()))
     for bad in ("../../etc", "/", "mine-env-x/../../.."):
