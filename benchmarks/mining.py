@@ -4,7 +4,8 @@
 
 Sources: bug injection into two registry packages (`--pypi`) and real histories made from
 each package's own releases (`release_history`, one commit per release: a list of versions, or
-every final release the registry lists in a range, `registry_versions`), mined with `--git`.
+every final release the registry lists in a range, `registry_versions`), mined with `--git`
+(`git:A+B`: both histories into one directory, `--git A B`).
 Each source is mined by the command itself, `harness-gym tasks make --pypi X==V | --git REPO
 --n N --out DIR --sandbox S`, then every kept task runs as an episode
 `gym.make("HarnessSWE-v0", tasks=DIR, engine=E, harness="pi")` for E in `oracle` and
@@ -42,6 +43,8 @@ SOURCES = {
     # every release in the range (small releases that ship their tests in the sdist)
     "git:cachetools": ("1.0.0", "8.0.2"),
     "git:parse": ("1.6.0", "1.22.4"),
+    # both histories above into one directory, one command: `tasks make --git A B`
+    "git:cachetools+parse": None,
 }
 
 
@@ -84,10 +87,15 @@ def _mine(source: str, n: int, sandbox: str, scratch: Path) -> dict[str, object]
     kind, _, what = source.partition(":")
     out = scratch / source.replace(":", "-").replace("=", "")
     history: dict[str, object] = {}
+    source_args = ["--pypi", what]
     if kind == "git":
-        repo, history = _history(what, SOURCES[source], scratch / "repos" / what)
+        names = what.split("+")
+        made = [_history(name, SOURCES[f"git:{name}"], scratch / "repos" / name)
+                for name in names]  # fmt: skip
+        source_args = ["--git", *(str(repo) for repo, _ in made)]
+        history = made[0][1] if len(made) == 1 else {"repos": {name: h for name, (_, h) in
+                                                               zip(names, made, strict=True)}}
     started = time.monotonic()
-    source_args = ["--pypi", what] if kind == "pypi" else ["--git", str(repo)]
     cli_main(["tasks", "make", *source_args, "--n", str(n), "--out", str(out), "--sandbox",
               sandbox])  # fmt: skip
     mined_s = time.monotonic() - started

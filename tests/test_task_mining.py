@@ -234,6 +234,32 @@ def test_the_same_fix_made_twice_in_a_history_is_one_task(history, tmp_path):
     assert summary.kept == 1 and summary.rejected["duplicate"] == 1, summary
 
 
+def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_path):
+    # As cachetools 7.3.3's test did on 7.3.2 (a loop growing a list until the memory limit's
+    # SIGKILL): no per-test report, so every test would have looked like a FAIL_TO_PASS.
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    _commit(repo, "calc: double", {
+        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
+                                                              "    return 2 * x\n",
+        "tests/test_double.py": """\
+            import os
+            import signal
+
+            import calc.core
+
+            if not hasattr(calc.core, "double"):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+            def test_double():
+                assert calc.core.double(2) == 4
+            """})
+    summary = make_tasks(git=repo, n=5, out=tmp_path / "mined", progress=False)
+    assert summary.kept == 1 and summary.rejected == {"no_tests": 1, "no_fail_to_pass": 1,
+                                                      "killed": 1}, summary
+
+
 def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
     (task,) = load_tasks(next(p for p in pypi_tasks.iterdir() if p.is_dir()))
     for bad in ("../../etc", "/", "mine-env-x/../../.."):
@@ -284,6 +310,88 @@ def run_each(directories: dict[str, Path], **make) -> dict[str, tuple[float, dic
         for env in envs.values():
             env.close()
     return {kind: (reward, info) for kind, (_, reward, _, _, info) in zip(envs, steps)}
+
+
+MEDIAN = """\
+    def median(values):
+        ordered = sorted(values)
+        return ordered[len(ordered) // 2]
+    """
+MEDIAN_EVEN = """\
+    def median(values):
+        ordered = sorted(values)
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        return (ordered[middle - 1] + ordered[middle]) / 2
+    """
+MEDIAN_TESTS = """\
+    from stats.core import median
+
+
+    def test_odd():
+        assert median([3, 1, 2]) == 2
+    """
+
+
+def _stats_repo(root: Path) -> Path:
+    """A second project with one fix: the median of an even count is the mean of the middle."""
+    repo = root / "stats"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    _commit(repo, "stats: median", {"stats/__init__.py": "", "stats/core.py": MEDIAN,
+                                    "tests/test_stats.py": MEDIAN_TESTS})
+    _commit(repo, "median of an even count is the mean of the two middle values", {
+        "stats/core.py": MEDIAN_EVEN,
+        "tests/test_stats.py": MEDIAN_TESTS + "\n\n    def test_even():\n"
+                                              "        assert median([4, 1, 3, 2]) == 2.5\n"})
+    return repo
+
+
+def test_several_repositories_are_mined_into_one_directory_in_turn(history, tmp_path, capsys):
+    calc = tmp_path / "calc"  # two fixes: mined alone with --n 2, both tasks would be calc's
+    shutil.copytree(history, calc)
+    core = (calc / "calc/core.py").read_text()
+    _commit(calc, "clamp refuses an empty range", {
+        "calc/core.py": core.replace("    return max(lo", "    if lo > hi:\n"
+                                     "        raise ValueError('empty range')\n    return max(lo"),
+        "tests/test_calc.py": (calc / "tests/test_calc.py").read_text()
+        + "\n\ndef test_clamp_empty_range():\n    import pytest\n\n"
+          "    with pytest.raises(ValueError):\n        clamp(1, 5, 0)\n"})
+    stats = _stats_repo(tmp_path)
+    out = tmp_path / "suite"
+    assert cli_main(["tasks", "make", "--git", str(calc), str(stats), "--n", "2", "--out",
+                     str(out), "--quiet"]) == 0
+    assert "by repo: calc 1, stats 1" in capsys.readouterr().out
+    tasks = {t.repo: t for t in load_tasks(out)}
+    assert set(tasks) == {"calc", "stats"}
+    assert tasks["calc"].FAIL_TO_PASS == ["tests/test_calc.py::test_mean_of_nothing"]
+    assert tasks["stats"].FAIL_TO_PASS == ["tests/test_stats.py::test_even"]
+    assert tasks["stats"].instance_id.startswith("stats__")
+    summary = json.loads((out / "mining.json").read_text())
+    # calc's three commits (one without tests) and stats' one; two tried, one from each
+    assert (summary["candidates"], summary["tried"], summary["kept"]) == (5, 2, 2), summary
+    assert summary["by_repo"] == {"calc": 1, "stats": 1}
+    # split units name their repository: calc/core.py and stats/core.py are two units
+    assert tasks["stats"].extra["mine"]["units"] == ["stats/stats/core.py"]
+    # each task was validated with its own repository's environment
+    envs = {t.install_config["python_env"] for t in tasks.values()}
+    assert len(envs) == 2, envs
+
+
+def test_two_repositories_of_one_name_or_since_with_several_are_refused(history, tmp_path,
+                                                                        capsys):
+    twin = tmp_path / "elsewhere" / "calc"
+    shutil.copytree(history, twin)
+    out = str(tmp_path / "out")
+    assert cli_main(["tasks", "make", "--git", str(history), "--git", str(twin), "--n", "1",
+                     "--out", out, "--quiet"]) == 2
+    assert "share the name 'calc'" in capsys.readouterr().err
+    stats = _stats_repo(tmp_path)
+    assert cli_main(["tasks", "make", "--git", str(history), str(stats), "--since", "HEAD~1",
+                     "--n", "1", "--out", out, "--quiet"]) == 2
+    assert "--since names a revision of one repository" in capsys.readouterr().err
+    assert not list((tmp_path / "out").glob("*/task.json"))
 
 
 @pytest.mark.slow

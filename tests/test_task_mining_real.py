@@ -7,6 +7,7 @@ mined with `--pypi --n 20`, is measured by `benchmarks/mining.py` into
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -58,6 +59,13 @@ def test_a_release_pip_cannot_fetch_is_left_out_only_when_asked_and_named_by_the
     assert "def tableize" in (repo / "inflection.py").read_text()  # 0.3.0's code
     with pytest.raises(ValueError, match="at least two releases, inflection has 1"):
         release_history("inflection", ["0.2.99", "0.3.0"], tmp_path / "one", skip_missing=True)
+
+
+def test_the_same_releases_make_the_same_commits_so_task_ids_hold(tmp_path):
+    first = release_history("inflection", RELEASES, tmp_path / "first")
+    time.sleep(1.1)  # a commit dated by the clock would differ now
+    again = release_history("inflection", RELEASES, tmp_path / "again")
+    assert git(first, "rev-parse", "HEAD") == git(again, "rev-parse", "HEAD")
 
 
 def test_a_release_history_yields_its_real_fixes_with_the_changelog_as_statement(releases_tasks):

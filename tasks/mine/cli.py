@@ -15,8 +15,9 @@ def add_make_action(
     source = make.add_mutually_exclusive_group(required=True)
     source.add_argument("--pypi", metavar="NAME==VERSION",
                         help="inject bugs into this sdist's functions; keep those its tests see")
-    source.add_argument("--git", metavar="PATH",
-                        help="commits of this repo whose new tests fail before, pass after")
+    source.add_argument("--git", metavar="PATH", nargs="+", action="extend",
+                        help="commits of this repo whose new tests fail before, pass after; "
+                        "several repos (or --git again) go into one DIR, taken in turn")
     make.add_argument("--since", metavar="REV", help="with --git: only commits after REV")
     make.add_argument("--n", type=int, required=True, help="tasks to keep")
     make.add_argument("--out", required=True, help="task directory (re-run to resume)")
@@ -39,7 +40,7 @@ def _make(args: argparse.Namespace) -> int:
 
     try:
         summary = make_tasks(out=Path(args.out), n=args.n, pypi=args.pypi,
-                             git=Path(args.git) if args.git else None, since=args.since,
+                             git=[Path(p) for p in args.git or []], since=args.since,
                              seed=args.seed, sandbox=args.sandbox, progress=not args.quiet,
                              timeout_s=args.test_timeout,
                              max_patch_lines=args.max_patch_lines)  # fmt: skip

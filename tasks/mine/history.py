@@ -5,7 +5,8 @@ given). A commit is a candidate when it changes both test files and library sour
 tree with the commit's test files is run (`before`), then the commit's tree (`after`): tests
 that pass after and did not pass before are FAIL_TO_PASS (a new test that did not exist counts:
 it could not pass), tests that pass in both are PASS_TO_PASS. A commit whose tests fail on
-neither side (a refactor with tests that always passed) is rejected. The repository is the
+neither side (a refactor with tests that always passed) is rejected, and so is one whose suite
+was killed on either side (no per-test report to tell which tests failed). The repository is the
 parent tree, the gold patch the commit's diff but tests and docs (changelog, README, `docs/`:
 nothing the tests exercise), the test patch its test diff; the statement is the commit message
 and how the new tests fail.
@@ -18,6 +19,7 @@ import os
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +37,11 @@ class GitError(ValueError):
     """The path is not a git repository, or a git command failed."""
 
 
-def git(repo: Path, *args: str, binary: bool = False) -> Any:
+def git(repo: Path, *args: str, binary: bool = False, env: Mapping[str, str] | None = None) -> Any:
     try:
         done = subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=repo,
-                              env={**os.environ, **GIT_ISOLATION}, capture_output=True,
-                              check=True)  # fmt: skip
+                              env={**os.environ, **GIT_ISOLATION, **(env or {})},
+                              capture_output=True, check=True)  # fmt: skip
     except FileNotFoundError:
         raise GitError("git is not installed") from None
     except subprocess.CalledProcessError as error:
@@ -72,6 +74,7 @@ class HistorySource:
         if not (self.path / ".git").exists():
             raise GitError(f"{self.path} is not a git repository (no .git)")
         self.label, self.scratch, self.runner_for = label, scratch, runner_for
+        self.scratch.mkdir(parents=True, exist_ok=True)
         span = f"{since}..HEAD" if since else "HEAD"
         shas = git(self.path, "rev-list", "--reverse", "--first-parent", "--no-merges",
                    span).split()  # fmt: skip
@@ -125,6 +128,11 @@ class HistorySource:
         after_run = runner.run(after)
         if before_run.timed_out or after_run.timed_out:
             return "timeout"
+        if before_run.killed() or after_run.killed():
+            # cachetools 7.3.3's new test loops forever on 7.3.2, growing a list until the
+            # sandbox's memory limit kills the suite: no report, so every test looked like a
+            # FAIL_TO_PASS, and each unsolved episode would cost the whole test timeout
+            return "killed"
         fixed = sorted(after_run.passed() - before_run.passed())
         if not fixed:
             return "no_fail_to_pass"  # the new tests pass without the change too

@@ -2,6 +2,7 @@
 
     summary = make_tasks(pypi="inflection==0.5.1", n=20, out=Path("mined"))
     summary = make_tasks(git=Path("~/src/mylib"), since="v1.0", n=20, out=Path("mined"))
+    summary = make_tasks(git=[Path("~/src/a"), Path("~/src/b")], n=20, out=Path("suite"))
     load_tasks("mined")   # what `tasks="mined"` runs
 
 Each candidate (a mutant, a commit) is run against the suite in the sandbox; one that makes a
@@ -10,16 +11,19 @@ the gold patch passes, the unfixed repo fails FAIL_TO_PASS and passes PASS_TO_PA
 backend the tasks will run on) and only then renamed to `OUT/<id>/`, so a folder there is always
 a valid task. A re-run skips the tasks already written and reads every suite run back from the
 cache (`runs`), so a stopped run resumes where it was. `OUT/split.json` holds the
-train/held-out split (`split`), `OUT/mining.json` the summary.
+train/held-out split (`split`), `OUT/mining.json` the summary. Several repositories go into one
+directory with their candidates taken in turn (`several`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ from .inject import MutationSource
 from .project import Project, ProjectError, scan_project
 from .pypi import cached_sdist, parse_pin, test_requirements
 from .runs import SuiteRunner
+from .several import Sources
 from .split import heldout_units, split_of, write_split
 
 __all__ = ["MiningSummary", "make_tasks"]
@@ -57,13 +62,15 @@ class MiningSummary:
     rejected: dict[str, int] = field(default_factory=dict)
     problems: dict[str, list[str]] = field(default_factory=dict)  # invalid task -> why
     split: dict[str, int] = field(default_factory=dict)
+    by_repo: dict[str, int] = field(default_factory=dict)  # tasks in `out` per source repository
 
     def describe(self) -> str:
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"
         split = ", ".join(f"{k} {v}" for k, v in self.split.items())
+        repos = ", ".join(f"{k} {v}" for k, v in sorted(self.by_repo.items()))
         return (f"{self.source}: {self.candidates} candidates, {self.tried} tried, "
                 f"{self.kept} kept ({self.resumed} already written); rejected: {rejected}; "
-                f"split: {split}; tasks in {self.out}")  # fmt: skip
+                f"split: {split}; by repo: {repos or 'none'}; tasks in {self.out}")  # fmt: skip
 
 
 def make_tasks(
@@ -71,7 +78,7 @@ def make_tasks(
     out: Path,
     n: int,
     pypi: str | None = None,
-    git: Path | None = None,
+    git: Path | str | Sequence[Path | str] | None = None,
     since: str | None = None,
     seed: int = 0,
     sandbox: str | SandboxBackend | None = None,
@@ -79,22 +86,30 @@ def make_tasks(
     timeout_s: float = 300.0,
     max_patch_lines: int = MAX_PATCH_LINES,
 ) -> MiningSummary:
-    """Mine up to `n` validated tasks from `pypi` (NAME==VERSION) or `git` (a local repo)."""
-    if (pypi is None) == (git is None):
+    """Mine up to `n` validated tasks from `pypi` (NAME==VERSION) or `git` (a local repo, or
+    several: their candidates taken in turn into one directory)."""
+    repos = [git] if isinstance(git, (str, os.PathLike)) else list(git or [])
+    if (pypi is None) == (not repos):
         raise ValueError("give exactly one of --pypi NAME==VERSION and --git PATH")
     if n < 1:
         raise ValueError(f"--n must be at least 1, got {n}")
-    if since is not None and git is None:
+    if since is not None and not repos:
         raise ValueError("--since goes with --git")
+    if since is not None and len(repos) > 1:
+        raise ValueError("--since names a revision of one repository: give one --git with it")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     backend = load_sandbox(sandbox or default_sandbox())
+    source: MutationSource | HistorySource | Sources
     with tempfile.TemporaryDirectory(prefix="harness-gym-mine-") as scratch:
         if pypi is not None:
             source, label = _pypi_source(pypi, backend, seed, timeout_s), pypi
         else:
-            source, label = _git_source(Path(git).expanduser(), since, backend, Path(scratch),
-                                        timeout_s), str(git)  # fmt: skip
+            paths = [Path(r).expanduser() for r in repos]
+            histories = [_git_source(p, since, backend, Path(scratch) / str(i), timeout_s)
+                         for i, p in enumerate(paths)]  # fmt: skip
+            source = histories[0] if len(histories) == 1 else Sources(histories)
+            label = " + ".join(str(r) for r in repos)
         return _mine(source, label, out, n, seed, backend, progress, timeout_s, max_patch_lines)
 
 
@@ -198,6 +213,7 @@ def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: Sandbo
     summary.rejected = dict(rejected)
     split = write_split(out, unit=source.unit, heldout=heldout, seed=seed)
     summary.split = {k: len(split[k]) for k in ("train", "heldout", "mixed")}
+    summary.by_repo = dict(Counter(row["repo"] for row in _existing(out).values()))
     (out / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2) + "\n")
     return summary
 

@@ -31,6 +31,9 @@ __all__ = ["registry_versions", "release_history"]
 _CHANGELOGS = ("CHANGES", "CHANGELOG", "HISTORY", "NEWS")
 _METADATA = ("PKG-INFO",)
 _IDENTITY = ("-c", "user.name=release", "-c", "user.email=release@harness-gym.invalid")
+# Fixed dates (one second apart, in order): the same releases make the same commits, so the
+# task ids (`<label>__<sha>`) of a history made again hold, and a mining run resumes on it.
+_EPOCH = 946684800  # 2000-01-01
 
 
 def registry_versions(name: str, since: str | None = None, until: str | None = None) -> list[str]:
@@ -94,7 +97,7 @@ def release_history(name: str, versions: Sequence[str], dest: Path, *,
     dest.mkdir(parents=True, exist_ok=True)
     git(dest, "init", "-q", "-b", "main")
     previous_log = ""
-    for version, root, skipped in roots:
+    for index, (version, root, skipped) in enumerate(roots):
         for entry in dest.iterdir():
             if entry.name != ".git":
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
@@ -106,5 +109,7 @@ def release_history(name: str, versions: Sequence[str], dest: Path, *,
         message = f"{name} {version}{spans}\n\n{_added(previous_log, log)}".strip() + "\n"
         previous_log = log
         git(dest, "add", "-A")
-        git(dest, *_IDENTITY, "commit", "-q", "--allow-empty", "-m", message)
+        date = f"@{_EPOCH + index} +0000"
+        git(dest, *_IDENTITY, "commit", "-q", "--allow-empty", "-m", message,
+            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
     return dest

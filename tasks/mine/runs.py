@@ -43,6 +43,11 @@ class SuiteRun:
     def passed(self) -> set[str]:
         return {t for t, s in self.statuses.items() if s == TestStatus.PASSED}
 
+    def killed(self) -> bool:
+        """Ended by a signal (a memory limit's SIGKILL: exit 137), not by pytest, which exits
+        0-5: its per-test report may be missing, so no test can be told failing from it."""
+        return self.exit_code < 0 or self.exit_code >= 128
+
 
 class SuiteRunner:
     def __init__(
