@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ._watch import TurnWatch
 
 MIN_INTERVAL_S = 0.05
 SCANS_PER_WAIT = 10  # wait ten scans' time between scans: about a tenth of a core at most
@@ -51,9 +52,11 @@ def tree_bytes(root: Path | str) -> int:
     return total
 
 
-class DiskWatch:
+class DiskWatch(TurnWatch):
     """Measures `root` every `interval_s` from `start()` to `stop()`; over `limit_bytes`, calls
     `on_exceeded(bytes_used)` once and stops."""
+
+    thread_name = "harness-gym-disk-watch"
 
     def __init__(
         self,
@@ -62,28 +65,11 @@ class DiskWatch:
         on_exceeded: Callable[[int], None],
         interval_s: float = 1.0,
     ) -> None:
+        super().__init__()
         self.root = root
         self.limit_bytes = limit_bytes
         self.interval_s = interval_s
         self._on_exceeded = on_exceeded
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Start watching (idempotent; a stopped watch stays stopped)."""
-        with self._lock:
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="harness-gym-disk-watch", daemon=True
-                )
-                self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
 
     def _run(self) -> None:
         wait_s = MIN_INTERVAL_S

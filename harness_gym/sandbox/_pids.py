@@ -13,12 +13,12 @@ moment and backs off is not stopped.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from . import _processes as procs
+from ._watch import TurnWatch
 
 HELD_S = 5.0
 INTERVAL_S = 0.5
@@ -86,9 +86,11 @@ class CountCensus(Census):
         return self.count()
 
 
-class PidsWatch:
+class PidsWatch(TurnWatch):
     """Looks at `census` every `interval_s` from `start()` to `stop()`; once the count has held
     at the cap for `held_s`, calls `on_full(limit)` once and stops."""
+
+    thread_name = "harness-gym-pids-watch"
 
     def __init__(
         self,
@@ -99,29 +101,12 @@ class PidsWatch:
         held_s: float = HELD_S,
         interval_s: float = INTERVAL_S,
     ) -> None:
+        super().__init__()
         self.census = census
         self.limit = limit
         self.held_s = held_s
         self.interval_s = interval_s
         self._on_full = on_full
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Start watching (idempotent; a stopped watch stays stopped)."""
-        with self._lock:
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="harness-gym-pids-watch", daemon=True
-                )
-                self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
 
     def _run(self) -> None:
         # A held bomb is mostly idle (each of its shells waits on its children), so refusals
