@@ -27,7 +27,10 @@ FULL_FRACTION = 0.9
 
 class Census:
     """How many tasks (processes and threads: what the caps count) a sandbox holds, and how many
-    of its forks were refused so far (None where nothing counts them)."""
+    of its forks were refused so far (None where nothing counts them); `interval_s`: how often
+    it is worth a look (what a look costs)."""
+
+    interval_s = INTERVAL_S
 
     def tasks(self) -> int:
         raise NotImplementedError
@@ -61,7 +64,10 @@ class CgroupCensus(Census):
 
 class MarkedCensus(Census):
     """The threads of the processes that carry the sandbox's marker (RLIMIT_NPROC counts each
-    thread; a process that scrubbed its environment is missed, as by `kill_marked`)."""
+    thread; a process that scrubbed its environment is missed, as by `kill_marked`). A look
+    reads every process's environment: once a second."""
+
+    interval_s = 1.0
 
     def __init__(self, var: str, value: str) -> None:
         self.var, self.value = var, value
@@ -77,7 +83,10 @@ class MarkedCensus(Census):
 
 
 class CountCensus(Census):
-    """A count some other part measures (a container's `pids_stats`)."""
+    """A count some other part measures (a container's `pids_stats`: an API call, once a
+    second)."""
+
+    interval_s = 1.0
 
     def __init__(self, count: Callable[[], int]) -> None:
         self.count = count
@@ -87,8 +96,9 @@ class CountCensus(Census):
 
 
 class PidsWatch(TurnWatch):
-    """Looks at `census` every `interval_s` from `start()` to `stop()`; once the count has held
-    at the cap for `held_s`, calls `on_full(limit)` once and stops."""
+    """Looks at `census` every `interval_s` (the census's own by default) from `start()` to
+    `stop()`; once the count has held at the cap for `held_s`, calls `on_full(limit)` once and
+    stops."""
 
     thread_name = "harness-gym-pids-watch"
 
@@ -99,13 +109,13 @@ class PidsWatch(TurnWatch):
         on_full: Callable[[int], None],
         *,
         held_s: float = HELD_S,
-        interval_s: float = INTERVAL_S,
+        interval_s: float | None = None,
     ) -> None:
         super().__init__()
         self.census = census
         self.limit = limit
         self.held_s = held_s
-        self.interval_s = interval_s
+        self.interval_s = census.interval_s if interval_s is None else interval_s
         self._on_full = on_full
 
     def _run(self) -> None:

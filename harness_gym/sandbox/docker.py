@@ -334,8 +334,7 @@ class DockerSandbox(Sandbox):
         self._run_dir = Path(tempfile.mkdtemp(prefix="harness-gym-docker-"))
         self._volume: Any = None
         self._disk = backend.disk
-        self._pids_watch = PidsWatch(CountCensus(self._pids_now), backend.pids, self._pids_full,
-                                     interval_s=1.0)
+        self._pids_watch = PidsWatch(CountCensus(self._pids_now), backend.pids, self._pids_full)
         self._env = {
             "PATH": _CONTAINER_PATH,
             "LANG": "C.UTF-8",

@@ -24,8 +24,8 @@ namespace of the command's own, which a non-root user can make; RLIMIT_DATA per 
 `disk_bytes` on the sandbox's tree (a check while the agent runs, `_disk.py`: over it, the
 sandbox kills its processes and sets `fault`), RLIMIT_FSIZE at the same size on every command.
 A process the kernel killed at the cgroup's memory cap also sets `fault`, and so does a process
-table held full (`_pids.py`: a fork bomb ends its episode at once, not at the timeout). What `exec`/`Job.wait`
-return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
+table held full (`_pids.py`: a fork bomb ends its episode at once, not at the timeout). What
+`exec`/`Job.wait` return of a command's output is its last `OUTPUT_LIMIT_BYTES`.
 
 Layout of one sandbox (all under one `harness-gym-*` temp dir, removed by `close()`)::
 
@@ -58,6 +58,7 @@ from . import _rlimits
 from ._cgroups import SandboxCgroup, cgroup_parent, memory_parent, reap_stale_cgroups
 from ._disk import DiskWatch
 from ._pids import CgroupCensus, MarkedCensus, PidsWatch
+from ._watch import TurnWatch
 from .base import (
     DEFAULT_DISK_BYTES,
     DEFAULT_MEMORY_BYTES,
@@ -267,13 +268,14 @@ class LocalSandbox(Sandbox):
         self._memory_scope = "sandbox" if memory_in_cgroup else ("process" if rlimits else None)
         self._outer = [*(self._cgroup.launcher() if self._cgroup else []), *rlimits]
         self._inner = self._nproc_launcher()
-        self._disk_watch = DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)
+        # The agent's turn is watched for the caps no kernel limit ends it at (disk; a process
+        # table held full): from `start()` to `kill_processes()` or `close()`.
+        self._watches: list[TurnWatch] = [
+            DiskWatch(self.root, self.limits.disk_bytes, self._disk_exceeded)]
         census = (CgroupCensus(self._cgroup.path) if self._cgroup is not None
                   else MarkedCensus(procs.SANDBOX_MARKER, self.id) if self._nproc else None)
-        # The marked census reads every process's environment: looked at less often.
-        interval_s = 1.0 if isinstance(census, MarkedCensus) else _pids.INTERVAL_S
-        self._pids_watch = (PidsWatch(census, self.limits.pids, self._pids_full,
-                                      interval_s=interval_s) if census is not None else None)
+        if census is not None:  # no process cap, no table to fill
+            self._watches.append(PidsWatch(census, self.limits.pids, self._pids_full))
 
     def _nproc_prefix(self) -> tuple[str, ...] | None:
         return _local_nproc_prefix()
@@ -311,29 +313,28 @@ class LocalSandbox(Sandbox):
             )
 
     def _disk_exceeded(self, used: int) -> None:
-        self.fault = (
+        self._stop_for(
             f"the sandbox's files grew to {used / 2**20:.0f} MiB, past its disk cap of "
             f"{self.limits.disk_bytes / 2**20:.0f} MiB: its processes were killed"
         )
-        try:
-            self._kill_all()
-        except SandboxError:
-            pass  # close() tries again
 
     def _pids_full(self, limit: int) -> None:
-        self.fault = (
+        self._stop_for(
             f"the sandbox's processes held its process cap of {limit} for {_pids.HELD_S:g} s "
             f"with forks refused (a fork bomb or a runaway): its processes were killed"
         )
+
+    def _stop_for(self, fault: str) -> None:
+        """A watch found a cap broken: record why, and kill the sandbox's processes."""
+        self.fault = fault
         try:
             self._kill_all()
         except SandboxError:
             pass  # close() tries again
 
     def _stop_watches(self) -> None:
-        self._disk_watch.stop()
-        if self._pids_watch is not None:
-            self._pids_watch.stop()
+        for watch in self._watches:
+            watch.stop()
 
     # -- paths and environment -------------------------------------------------------------
 
@@ -432,9 +433,8 @@ class LocalSandbox(Sandbox):
         sandbox's logs/), stderr to the same path plus `.stderr`."""
         out = self.path(stdout_path) if stdout_path else self._log_path("out")
         job = self._spawn(command, cwd, env, out, None, background=True)
-        self._disk_watch.start()  # the agent's turn: a harness runs in the background
-        if self._pids_watch is not None:
-            self._pids_watch.start()
+        for watch in self._watches:  # the agent's turn: a harness runs in the background
+            watch.start()
         return job
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
