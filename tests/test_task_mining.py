@@ -372,8 +372,8 @@ def test_several_repositories_are_mined_into_one_directory_in_turn(history, tmp_
     # calc's three commits (one without tests) and stats' one; two tried, one from each
     assert (summary["candidates"], summary["tried"], summary["kept"]) == (5, 2, 2), summary
     assert summary["by_repo"] == {"calc": 1, "stats": 1}
-    # split units name their repository: calc/core.py and stats/core.py are two units
-    assert tasks["stats"].extra["mine"]["units"] == ["stats/stats/core.py"]
+    # split units name their repository: calc/core.py and stats/core.py are two files
+    assert tasks["stats"].extra["mine"]["units"] == ["stats/stats/core.py::median"]
     # each task was validated with its own repository's environment
     envs = {t.install_config["python_env"] for t in tasks.values()}
     assert len(envs) == 2, envs

@@ -155,11 +155,14 @@ def _existing(out: Path) -> dict[str, dict[str, Any]]:
 def _duplicate_keys(row: dict[str, Any]) -> list[str]:
     """Two tasks are one when their fixes change the same lines the same way (context and blob
     ids aside: a fix reverted and made again later in a history), or when they break the same
-    function the same way as far as the tests tell (the same FAIL_TO_PASS)."""
+    function the same way as far as the suite's own tests tell (the same FAIL_TO_PASS). Not so
+    with a test patch: two commits to one function whose new assertions extend the same test
+    are two fixes with one FAIL_TO_PASS name."""
     lines = row["patch"].splitlines()
     change = json.dumps([x for x in lines if x[:1] in "+-" and not x.startswith(("+++ ", "--- "))])
-    behaviour = json.dumps([row["mine"].get("functions"), sorted(row["FAIL_TO_PASS"])])
-    return [change, behaviour] if row["mine"].get("functions") else [change]
+    if not row["mine"].get("functions") or row["test_patch"]:
+        return [change]
+    return [change, json.dumps([row["mine"]["functions"], sorted(row["FAIL_TO_PASS"])])]
 
 
 def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: SandboxBackend,

@@ -1,9 +1,12 @@
 """The train/held-out split, by code unit, so a held-out task's code never appears in training.
 
-A unit is a source file, or `file::function` when every task lives in one file. The held-out
-units are a seeded, order-free draw (a hash rank), so a resumed or larger run keeps each unit
-where it was. A task is held out when all of its units are, trained on when none is, and
-`mixed` otherwise (listed apart: neither split may use it without leaking code across).
+A unit is a source file, or `file::function` when every mutant lives in one file (`inject`); a
+history's units are the functions each commit changes, `file::<module>` for code outside any
+def (`functions`: a release rewrites the same file, so every commit of parse shared one file).
+The held-out units are a seeded, order-free draw (a hash rank), so a resumed or larger run
+keeps each unit where it was. A task is held out when all of its units are, trained on when
+none is, and `mixed` otherwise (listed apart: neither split may use it without leaking code
+across).
 """
 
 from __future__ import annotations
