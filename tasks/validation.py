@@ -7,7 +7,10 @@ reach training, where a test that passes by luck turns into reward noise.
 Each run gets a fresh sandbox (the materialized repo for a directory task, `image_name` for a
 dataset row), applies the gold patch and grades. A test whose status differs between runs is
 flaky; a run that is not `passed` is a problem; a gold patch that does not apply stops it at once.
-`check_unfixed=True` adds SWE-bench's other half: without the fix, F2P fails and P2P passes.
+`check_unfixed=True` adds SWE-bench's other half: without the fix, F2P fails and P2P passes;
+`unfixed_runs` repeats that side too, so a test that flakes only without the fix (cachetools
+7.1.7's `RRCache` test, random eviction, once failed there) shows as flaky, not as a wrong
+PASS_TO_PASS list.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ MISSING = "MISSING"  # a test that one run reported and another did not
 class TaskValidation:
     task_id: str
     runs: list[GradeResult] = field(default_factory=list)
-    flaky: dict[str, list[str]] = field(default_factory=dict)  # test -> status in each run
+    # test -> its status in each run (the gold runs; the unfixed runs when only those differ)
+    flaky: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    unfixed: GradeResult | None = None  # the run without the gold patch (check_unfixed)
+    unfixed: GradeResult | None = None  # the (first) run without the gold patch (check_unfixed)
+    unfixed_runs: list[GradeResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -51,17 +56,22 @@ def validate_task(
     timeout_s: float = 600.0,
     env: Mapping[str, str] | None = None,
     check_unfixed: bool = False,
+    unfixed_runs: int = 1,
 ) -> TaskValidation:
     """Grade the gold patch `runs` times in fresh sandboxes and compare per-test statuses.
     `env` is added to the sandbox's environment (e.g. a PATH holding the right python). With
-    `check_unfixed`, one more run without the gold patch must fail every FAIL_TO_PASS test and
-    pass every PASS_TO_PASS test (else the task's test lists are wrong)."""
+    `check_unfixed`, `unfixed_runs` more runs without the gold patch must each fail every
+    FAIL_TO_PASS test and pass every PASS_TO_PASS test (else the task's test lists are wrong),
+    and are compared with each other as the gold runs are."""
     report = TaskValidation(task.instance_id)
     if check_unfixed:
-        report.unfixed = _grade_once(task, backend, None, timeout_s, env)
-        tests = report.unfixed.tests
-        passing = [t for t in task.FAIL_TO_PASS if tests.get(t) == TestStatus.PASSED]
-        broken = [t for t in task.PASS_TO_PASS if tests.get(t) not in P2P_OK]
+        report.unfixed_runs = [_grade_once(task, backend, None, timeout_s, env)
+                               for _ in range(max(1, unfixed_runs))]  # fmt: skip
+        report.unfixed = report.unfixed_runs[0]
+        passing = [t for t in task.FAIL_TO_PASS
+                   if any(r.tests.get(t) == TestStatus.PASSED for r in report.unfixed_runs)]
+        broken = [t for t in task.PASS_TO_PASS
+                  if any(r.tests.get(t) not in P2P_OK for r in report.unfixed_runs)]  # fmt: skip
         if passing:
             report.problems.append(f"FAIL_TO_PASS test(s) pass without the fix: {passing}")
         if broken:
@@ -76,16 +86,23 @@ def validate_task(
         if result.outcome != "passed":
             why = result.error or f"failing: {', '.join(result.failing)}"
             report.problems.append(f"run {number}: gold patch graded {result.outcome} ({why})")
-    for test in sorted({test for result in report.runs for test in result.tests}):
-        statuses = [str(result.tests.get(test, MISSING)) for result in report.runs]
-        if len(set(statuses)) > 1:
-            report.flaky[test] = statuses
+    report.flaky = {**_changed(report.unfixed_runs), **_changed(report.runs)}
     if report.flaky:
         report.problems.append(
             f"{len(report.flaky)} test(s) changed status between identical runs (flaky): "
             + ", ".join(sorted(report.flaky)[:10])
         )
     return report
+
+
+def _changed(results: list[GradeResult]) -> dict[str, list[str]]:
+    """Each test whose status is not the same in every one of `results`, with its statuses."""
+    changed = {}
+    for test in sorted({test for result in results for test in result.tests}):
+        statuses = [str(result.tests.get(test, MISSING)) for result in results]
+        if len(set(statuses)) > 1:
+            changed[test] = statuses
+    return changed
 
 
 def _grade_once(

@@ -260,6 +260,37 @@ def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_
                                                       "killed": 1}, summary
 
 
+def test_a_commit_whose_new_tests_flip_a_coin_is_rejected_as_flaky(history, tmp_path):
+    # As cachetools 7.1.7's RRCache test (random eviction), kept when each side ran once:
+    # 16 coins, each run twice with the fix and twice without; all agreeing has odds of 4**-16.
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    _commit(repo, "calc: double", {
+        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
+                                                              "    return 2 * x\n",
+        "tests/test_double.py": """\
+            import random
+
+            import pytest
+
+            import calc.core
+
+
+            def test_double():
+                assert calc.core.double(2) == 4
+
+
+            @pytest.mark.parametrize("draw", range(16))
+            def test_lucky_draw(draw):
+                assert random.random() < 0.5
+            """})
+    summary = make_tasks(git=repo, n=5, out=tmp_path / "mined", progress=False)
+    assert summary.kept == 1 and summary.rejected == {"no_tests": 1, "no_fail_to_pass": 1,
+                                                      "flaky": 1}, summary
+    (why,) = summary.problems.values()
+    assert any("test_lucky_draw[" in problem and "flaky" in problem for problem in why), why
+
+
 def test_a_task_naming_an_env_outside_the_cache_is_refused(pypi_tasks):
     (task,) = load_tasks(next(p for p in pypi_tasks.iterdir() if p.is_dir()))
     for bad in ("../../etc", "/", "mine-env-x/../../.."):

@@ -49,5 +49,5 @@ def _make(args: argparse.Namespace) -> int:
         return 2
     print(summary.describe())
     for task_id, problems in sorted(summary.problems.items()):
-        print(f"  invalid {task_id}: {'; '.join(problems)[:300]}")
+        print(f"  rejected {task_id}: {'; '.join(problems)[:300]}")
     return 0 if summary.kept else 1

@@ -8,10 +8,11 @@
 Each candidate (a mutant, a commit) is run against the suite in the sandbox; one that makes a
 task is written to `OUT/.staging-<id>/`, validated there like the built-ins (`validate_task`:
 the gold patch passes, the unfixed repo fails FAIL_TO_PASS and passes PASS_TO_PASS, on the
-backend the tasks will run on) and only then renamed to `OUT/<id>/`, so a folder there is always
-a valid task. A re-run skips the tasks already written and reads every suite run back from the
-cache (`runs`), so a stopped run resumes where it was. `OUT/split.json` holds the
-train/held-out split (`split`), `OUT/mining.json` the summary. Several repositories go into one
+backend the tasks will run on; each side `VALIDATION_RUNS` times, a test changing status between
+them is `flaky`) and only then renamed to `OUT/<id>/`, so a folder there is always a valid task.
+A re-run skips the tasks already written and reads every suite run back from the cache
+(`runs`), so a stopped run resumes where it was. `OUT/split.json` holds the train/held-out
+split (`split`), `OUT/mining.json` the summary. Several repositories go into one
 directory with their candidates taken in turn (`several`).
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 from ...sandbox import default_sandbox, load_sandbox
 from ...sandbox.base import SandboxBackend
 from ..loader import load_tasks
-from ..validation import validate_task
+from ..validation import TaskValidation, validate_task
 from .candidate import Candidate, leaks
 from .envs import python_env
 from .history import HistorySource
@@ -49,6 +50,11 @@ SUMMARY_FILE = "mining.json"
 # a module), and the oracle cannot send it in one answer within a CLI's 4096-token output
 # limit (Pi cut a 7.6 KB patch): `--max-patch-lines` raises it.
 MAX_PATCH_LINES = 120
+# Each kept task is graded this many times with its fix and as many without, in fresh
+# sandboxes; a test whose status changes between them rejects it as `flaky` (cachetools
+# 7.1.7's `RRCache` test, random eviction, was kept in 2 of 3 runs when each side ran once).
+# A flake rarer than that can still pass: more runs cost a suite run each.
+VALIDATION_RUNS = 2
 
 
 @dataclass
@@ -60,7 +66,7 @@ class MiningSummary:
     kept: int = 0
     resumed: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
-    problems: dict[str, list[str]] = field(default_factory=dict)  # invalid task -> why
+    problems: dict[str, list[str]] = field(default_factory=dict)  # invalid or flaky task -> why
     split: dict[str, int] = field(default_factory=dict)
     by_repo: dict[str, int] = field(default_factory=dict)  # tasks in `out` per source repository
 
@@ -204,10 +210,10 @@ def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: Sandbo
                 continue
             units = source.units(item)
             result.meta.update(split=split_of(units, heldout), units=units)
-            problems = _write_validated(result, out, backend, timeout_s)
-            if problems:
-                rejected["invalid"] += 1
-                summary.problems[result.instance_id] = problems
+            report = _write_validated(result, out, backend, timeout_s)
+            if not report.ok:
+                rejected["flaky" if report.flaky else "invalid"] += 1
+                summary.problems[result.instance_id] = report.problems
                 continue
             seen.update(keys)
             summary.kept += 1
@@ -222,7 +228,7 @@ def _mine(source: Any, label: str, out: Path, n: int, seed: int, backend: Sandbo
 
 
 def _write_validated(candidate: Candidate, out: Path, backend: SandboxBackend,
-                     timeout_s: float) -> list[str]:  # fmt: skip
+                     timeout_s: float) -> TaskValidation:  # fmt: skip
     """Write the task to a staging folder, validate it there, then move it into `out`."""
     staging = out / f".staging-{candidate.instance_id}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -230,11 +236,11 @@ def _write_validated(candidate: Candidate, out: Path, backend: SandboxBackend,
         staging.mkdir()
         candidate.write(staging)
         (task,) = load_tasks(staging)
-        report = validate_task(task, backend, runs=1, check_unfixed=True, timeout_s=timeout_s)
-        if not report.ok:
-            return report.problems
-        staging.rename(out / candidate.instance_id)
-        return []
+        report = validate_task(task, backend, runs=VALIDATION_RUNS, check_unfixed=True,
+                               unfixed_runs=VALIDATION_RUNS, timeout_s=timeout_s)  # fmt: skip
+        if report.ok:
+            staging.rename(out / candidate.instance_id)
+        return report
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
