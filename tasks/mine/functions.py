@@ -112,7 +112,7 @@ def changed_units(diff: str, old: Mapping[str, str | None],
             if text is None or not lines:
                 continue
             spans = scopes(text)
-            source_lines = text.splitlines()
+            source_lines = text.split("\n")  # as git and ast count: not at a form feed
             for number in lines:
                 code = source_lines[number - 1].strip() if number <= len(source_lines) else ""
                 if spans is None or not code or code.startswith("#"):
