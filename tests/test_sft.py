@@ -28,6 +28,7 @@ from harness_gym.training.sft import (
     sft_rows,
     sft_trainer,
     train_sft,
+    validation_split,
 )
 from harness_gym.tasks import load_tasks
 from harness_gym.wrappers import RecordTraces
@@ -183,3 +184,63 @@ def test_sft_on_real_teacher_traces_through_pi_lowers_their_loss(tiny_tokenizer,
     assert after < 0.85 * before, (before, after)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert losses[-1] < losses[0]
+
+
+def test_a_validation_split_holds_out_whole_demonstrations_drawn_by_the_seed():
+    episodes = [episode(f"t{i}", "passed", segment(), segment(prompt=6)) for i in range(10)]
+    rows = sft_rows(episodes)
+    train, held_out = validation_split(rows, 0.2, seed=3)
+    held_tasks = {r["task_id"] for r in held_out}
+    assert len(held_tasks) == 2 and len(held_out) == 4  # both rows of each held-out episode
+    assert not held_tasks & {r["task_id"] for r in train} and len(train) == 16
+    assert validation_split(rows, 0.2, seed=3) == (train, held_out)
+    assert len({r["task_id"] for r in validation_split(rows, 0.01, seed=3)[1]}) == 1
+    assert len({r["task_id"] for r in validation_split(rows, 0.99, seed=3)[0]}) == 1
+    with pytest.raises(ValueError, match="two demonstrations"):
+        validation_split(sft_rows([episode("only")]), 0.5)
+
+
+def test_sft_with_held_out_demos_ends_with_the_checkpoint_of_their_lowest_loss(tiny_tokenizer,
+                                                                               tmp_path):
+    """Training rows teach one answer, the held-out rows another: the held-out loss soon
+    rises, early stopping ends the run two checkpoints after its lowest, and the model the
+    trainer ends with is that checkpoint's, not the last (LoRA, frozen prefix: as the learning
+    curve trains)."""
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from harness_gym.training.lora import LoraSpec
+
+    prompt = list(range(10, 40))
+
+    def rows(answer: int, tasks: str) -> list[dict[str, Any]]:
+        return [{"input_ids": prompt + [answer] * 6, "labels": [IGNORE_INDEX] * 30 + [answer] * 6,
+                 "task_id": f"{tasks}{i}"} for i in range(2)]
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    trainer = sft_trainer(model, tiny_tokenizer, rows(101, "train"), output_dir=tmp_path,
+                          eval_rows=rows(202, "held"), patience=2, frozen_prefix=True,
+                          lora=LoraSpec(rank=4), max_steps=10, learning_rate=5e-2,
+                          save_strategy="steps", save_steps=1, save_total_limit=1, seed=0)
+    own = []  # the held-out loss of the model as it is at each evaluation, without any cache
+
+    class Measure(TrainerCallback):
+        def on_evaluate(self, *args: Any, **kw: Any) -> None:
+            own.append(masked_nll(trainer.model, rows(202, "held")))
+
+    trainer.add_callback(Measure())
+    trainer.train()
+    evaluations = [e for e in trainer.state.log_history if "eval_loss" in e]
+    losses = [e["eval_loss"] for e in evaluations]
+    # each step's prefix is its own weights' (fused AdamW leaves the version counters alone)
+    assert losses == pytest.approx(own, rel=1e-5)
+    best = losses.index(min(losses)) + 1
+    assert [e["step"] for e in evaluations] == list(range(1, len(losses) + 1))  # each checkpoint
+    assert len(losses) == best + 2  # stopped: 2 checkpoints without a new lowest
+    assert trainer.state.global_step == best + 2 < trainer.state.max_steps
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best}")
+    assert trainer.state.best_metric == min(losses) < losses[-1]
+    # the weights it ends with are the best checkpoint's: the held-out loss measured again
+    assert masked_nll(trainer.model, rows(202, "held")) == pytest.approx(min(losses), rel=1e-5)
+    with pytest.raises(ValueError, match="eval_rows"):
+        sft_trainer(model, tiny_tokenizer, rows(101, "x"), output_dir=tmp_path, patience=2)

@@ -13,7 +13,9 @@ t >= start. The keys and values of positions before `start - 1` (the frozen pref
 gradient on top of them (position `start - 1` is the one whose logits predict the first loss
 token, so it must be among them). Rows that share a prefix (every episode's system prompt; a
 GRPO group's whole prompt) compute it once per weight version: the cache keys entries by a
-fingerprint of the weights, so an optimizer step retires them.
+fingerprint of the weights (their version counters). Fused AdamW updates weights without
+bumping those counters, so the trainers (`trainers`) also clear the cache at every optimizer
+step and checkpoint load.
 
 The loss value is exactly the full-sequence one (the same forward, split in two). The gradient is
 the full-sequence gradient with the frozen prefix's keys and values held constant: it keeps every
@@ -37,6 +39,8 @@ from typing import Any
 
 import torch
 
+from ..engines._sampling import processed_logprobs
+from ..engines.base import SamplingParams
 from ..engines.prefix_cache import DEFAULT_MAX_BYTES, PrefixKVCache, cache_kwarg
 
 __all__ = ["FrozenPrefixScorer"]
@@ -72,11 +76,16 @@ class FrozenPrefixScorer:
         start: int,
         *,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log p(ids[t] | ids[:t]) for t in [start, len(ids)) (1-D, with gradient), and the
         entropy of each of those next-token distributions when asked. Logits are divided by
-        `temperature` first (as TRL does when it re-scores samples)."""
+        `temperature` first (as TRL does when it re-scores samples); with `top_p` < 1 or
+        `top_k` > 0 the distribution is the sampler's, renormalised over the tokens it kept
+        (`engines._sampling.processed_logprobs`, which the engines sample from), and a token
+        outside that set has logprob -inf."""
         ids = [int(i) for i in ids]
         if not 1 <= start < len(ids):
             raise ValueError(f"start must be in [1, {len(ids)}) for a row of {len(ids)} tokens, "
@@ -95,14 +104,19 @@ class FrozenPrefixScorer:
             self.frozen_tokens += frozen - reused
         logits = self._forward(ids[frozen:-1], kv, device).float()
         self.grad_tokens += len(ids) - 1 - frozen
-        if temperature != 1.0:
-            logits = logits / temperature
-        logprobs = torch.log_softmax(logits, dim=-1)
+        if top_p < 1.0 or top_k > 0:
+            logprobs = processed_logprobs(
+                logits, SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k))
+        else:
+            logprobs = torch.log_softmax(logits / temperature if temperature != 1.0 else logits,
+                                         dim=-1)
         targets = torch.tensor(ids[start:], device=logprobs.device)
         picked = logprobs.gather(1, targets[:, None])[:, 0]
         if not entropy:
             return picked, None
-        return picked, -(logprobs.exp() * logprobs).sum(dim=-1)  # with gradient: a bonus may use it
+        # with gradient (a bonus may use it); a token the sampler dropped adds nothing
+        terms = torch.where(logprobs.isfinite(), logprobs.exp() * logprobs, 0.0)
+        return picked, -terms.sum(dim=-1)
 
     def _forward(self, ids: list[int], kv: Any, device: Any) -> torch.Tensor:
         inputs = torch.tensor([ids], dtype=torch.long, device=device)
