@@ -133,7 +133,14 @@ def test_a_one_file_history_holds_out_a_function_and_a_fix_spanning_two_is_mixed
 
 
 SCOPES = """\
+    \"\"\"A cache.
+
+    1.0: first release
+    \"\"\"
+
     import functools
+
+    __version__ = "1.0"
 
     # how many
     LIMIT = 3
@@ -172,12 +179,20 @@ def test_decorators_classes_nested_deleted_and_new_functions_name_their_scope(tm
                + "\n\ndef twice(x):\n    return 2 * x\n")  # new, after two blank lines  # fmt: skip
     _commit(repo, "many scopes", {"lib/core.py": changed,
                                   "tests/test_core.py": "def test_y(): pass\n"})
-    _commit(repo, "a constant", {"lib/core.py": changed.replace("LIMIT = 3", "LIMIT = 4"),
-                                 "tests/test_core.py": "def test_z(): pass\n"})
+    # release metadata (the version, the module docstring's history) is no code
+    released = changed.replace('"1.0"', '"1.1"').replace("first release", "first release\n1.1")
+    constant = released.replace("LIMIT = 3", "LIMIT = 4")
+    bumped = constant.replace('"1.1"', '"1.2"')
+    fixed = bumped.replace('"1.2"', '"1.3"').replace("1.1\n", "1.1\n1.3: twice\n").replace(
+        "return 2 * x", "return x + x")
+    for message, text in (("a constant", constant), ("a release", bumped), ("a fix", fixed)):
+        _commit(repo, message, {"lib/core.py": text, "tests/test_core.py": f"# {message}\n"})
     assert _units_by_message(repo) == {
         "many scopes": ["lib/core.py::helper", "lib/core.py::Cache", "lib/core.py::Cache.full",
                         "lib/core.py::Cache.get.inner", "lib/core.py::twice"],
         "a constant": ["lib/core.py::<module>"],
+        "a fix": ["lib/core.py::twice"],
+        "a release": ["lib/core.py::<module>"],  # nothing else changed: still one unit
     }
 
 

@@ -14,8 +14,12 @@ itself (`path`), which would mix two granularities in one draw (is `parse.py::f`
 held-out `parse.py`?), and not dropped either: a fix that changes a constant and a function
 must keep the constant, or another task changing that constant could train on held-out code.
 Blank and comment-only lines are no code and place nothing (a new function's separating blank
-line is not a module change); a file whose changes are only those, or that does not parse, is
-its `<module>` unit.
+line is not a module change), and neither does release metadata: the module's docstring and a
+module-level assignment to dunder names but `__all__` (`__version__ = "1.22.2"`). Every release
+of cachetools bumps its version, and parse's older releases their docstring's version history:
+as code they put `<module>` into nearly every task, and a held-out `<module>` made every task
+mixed. A file that does not parse is its `<module>` unit; a commit that changes nothing else
+(comments, a version) is the `<module>` unit of each file it changes, so every task has one.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ MODULE = "<module>"
 _FILE = re.compile(r"^(---|\+\+\+) (?:[ab]/)?(.*)$")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
-Scope = tuple[int, int, str]  # first line (decorators included), last line, qualname
+# first line (decorators included), last line, qualname (None: release metadata, no code)
+Scope = tuple[int, int, str | None]
 
 
 def unit(path: str, qualname: str) -> str:
@@ -40,8 +45,8 @@ def unit(path: str, qualname: str) -> str:
 
 
 def scopes(source: str) -> list[Scope] | None:
-    """Every def and class of `source` with its line span, outer before inner; None when it
-    does not parse."""
+    """Every def and class of `source` with its line span, outer before inner, and each
+    module-level metadata assignment (named None); None when it does not parse."""
     try:
         with warnings.catch_warnings():  # old code's `'\s'` warns on every parse
             warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
@@ -57,10 +62,24 @@ def scopes(source: str) -> list[Scope] | None:
                 yield first, child.end_lineno or child.lineno, name
                 yield from visit(child, f"{name}.")
 
-    return list(visit(tree, ""))
+    metadata = [(node.lineno, node.end_lineno or node.lineno, None)
+                for number, node in enumerate(tree.body) if _metadata(node, number)]  # fmt: skip
+    return [*visit(tree, ""), *metadata]
 
 
-def _scope_of(line: int, spans: list[Scope]) -> str:
+def _metadata(node: ast.stmt, number: int) -> bool:
+    """The module's docstring, or an assignment to dunder names but `__all__`."""
+    if isinstance(node, ast.Expr):
+        return number == 0 and isinstance(node.value, ast.Constant) and isinstance(
+            node.value.value, str)
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return False
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    names = [t.id if isinstance(t, ast.Name) else "" for t in targets]
+    return all(n.startswith("__") and n.endswith("__") and n != "__all__" for n in names)
+
+
+def _scope_of(line: int, spans: list[Scope]) -> str | None:
     inside = [s for s in spans if s[0] <= line <= s[1]]
     return max(inside, key=lambda s: s[0])[2] if inside else MODULE
 
@@ -103,11 +122,12 @@ def changed_units(diff: str, old: Mapping[str, str | None],
     """The units (`path::qualname`, `path::<module>`) whose lines `diff` (a `git diff -U0`)
     changes; `old` and `new` give each path's text before and after (None: no such file)."""
     found: list[str] = []
+    paths: list[str] = []
     for old_path, new_path, removed, added in _hunks(diff):
         path = new_path or old_path
         if path is None:
             continue
-        names: list[str] = []
+        paths.append(path)
         for text, lines in ((old.get(old_path or ""), removed), (new.get(new_path or ""), added)):
             if text is None or not lines:
                 continue
@@ -115,10 +135,9 @@ def changed_units(diff: str, old: Mapping[str, str | None],
             source_lines = text.split("\n")  # as git and ast count: not at a form feed
             for number in lines:
                 code = source_lines[number - 1].strip() if number <= len(source_lines) else ""
-                if spans is None or not code or code.startswith("#"):
+                if spans is not None and (not code or code.startswith("#")):
                     continue
-                names.append(_scope_of(number, spans))
-        for name in names or [MODULE]:
-            if unit(path, name) not in found:
-                found.append(unit(path, name))
-    return found
+                name = MODULE if spans is None else _scope_of(number, spans)
+                if name is not None and unit(path, name) not in found:
+                    found.append(unit(path, name))
+    return found or list(dict.fromkeys(unit(path, MODULE) for path in paths))
