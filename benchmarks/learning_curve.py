@@ -5,7 +5,9 @@
     python benchmarks/learning_curve.py --preset full      # the full run (SmolLM2, see `plan`)
 
 The full run is started in the background, and resumed by running the very same command again
-(it refuses a workdir whose recorded configuration differs):
+(a workdir or state whose recorded configuration differs is taken up only where the change
+touches no stage it has begun; `--redo-changed` runs those stages again, keeping the earlier
+ones: `curve.config.FIELD_STAGE` says which stage each field changes first):
 
     cd /work/wt/learn && nohup nice -n 10 ./.venv/bin/python benchmarks/learning_curve.py \
         --preset full --workdir ~/.cache/harness-gym/learning-curve/full --no-progress \
@@ -42,10 +44,16 @@ checkpoint's evaluation first loads its weights into the server (`VLLMWeightTran
    every episode (JSON Lines).
 2. `sft`: the policy fine-tuned on the passing episodes' agent segments, token for token with
    `loss_mask` as the label mask (`harness_gym.training.sft`, frozen shared prompt prefix).
+   With `sft_val_fraction` > 0 that share of the demonstrations (whole episodes) is held out,
+   its loss measured at every checkpoint, and the stage keeps the checkpoint of the lowest
+   (early stopping after `sft_patience` checkpoints without a new lowest): train and held-out
+   losses per checkpoint and the step kept are in its metrics' `validation`.
    With `lora_rank` > 0 (every preset) it trains a LoRA adapter, which GRPO goes on training;
    the server always gets merged full weights (`harness_gym.training.lora`), and a checkpoint's
    adapter is merged into `WORKDIR/.merged/` when an evaluation needs it.
-3. `train-pass`: the calibration of the tier: the SFT policy at the rollout temperature on
+3. `train-pass`: the calibration of the tier: the SFT policy at the rollout sampling (the
+   temperature `grpo_temperature` within the nucleus `grpo_top_p`/`grpo_top_k`, which GRPO's
+   rollouts and the evaluation's samples use too) on
    `n_calib_tasks` training tasks (not demonstrated) x `calib_samples`: its pass rate, per bug
    kind, and whether it is in the learnable zone (20-70%). The tier's difficulty knobs are
    config: `train_suite`/`heldout_suite` (the one-file family or the symptom tier) and
@@ -101,10 +109,10 @@ from curve.journal import (
     points_of,
     train_resumed,
 )
-from curve.plan import measured_units, plan
+from curve.plan import measured_units, plan, vllm_throughput
 from curve.policy_server import PolicyServer
 from curve.process import cpu_seconds, log, preload, torch_threads
-from curve.state import RunState
+from curve.state import RunState, reconcile
 from curve.summary import (
     brief,
     headline_summary,
@@ -120,8 +128,10 @@ RESULTS = REPO / "benchmarks" / "results"
 
 class Pipeline:
     def __init__(self, config: CurveConfig, workdir: Path, results_dir: Path, *,
-                 progress: bool = True, state: Path | None = None) -> None:
+                 progress: bool = True, state: Path | None = None,
+                 redo_changed: bool = False) -> None:
         self.config = config
+        self.redo_changed = redo_changed
         self.workdir = workdir
         self.results_dir = results_dir
         self.progress = progress
@@ -133,15 +143,14 @@ class Pipeline:
     # --- resume bookkeeping -----------------------------------------------------------------
 
     def check_workdir(self) -> None:
+        """Take up the run recorded in the workdir, under this configuration where it changes
+        no stage the run has begun (`curve.state.reconcile`; `--redo-changed` runs those
+        again); a new workdir records it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         mine = dataclasses.asdict(self.config)
-        changed = recorded_differences(self.workdir, mine)
-        if changed:
-            raise SystemExit(f"{self.workdir} holds a run with another configuration "
-                             f"(differs in {', '.join(changed)}): resume it with the same "
-                             "settings, or pass another --workdir")
-        if changed is None:
+        if recorded_differences(self.workdir, mine) is None:
             (self.workdir / "config.json").write_text(json.dumps(mine, indent=2))
+        reconcile(self.workdir, mine, redo_changed=self.redo_changed)
 
     def stage_dir(self, stage: str) -> Path:
         return self.workdir / stage
@@ -168,7 +177,7 @@ class Pipeline:
 
     def run(self, stages: list[str]) -> dict[str, Any]:
         if self.state is not None:  # a fresh machine: the workdir from the committed state
-            self.state.check(dataclasses.asdict(self.config))
+            self.state.check(dataclasses.asdict(self.config), redo_changed=self.redo_changed)
             self.state.restore()
         if not stages and not (self.workdir / "config.json").exists():
             raise SystemExit(f"{self.workdir} holds no run to report on")
@@ -242,6 +251,8 @@ class Pipeline:
 
         c = self.config
         sampling = {"temperature": temperature, "max_tokens": max_tokens}
+        if temperature > 0:  # every sampled episode here samples as the rollouts do
+            sampling.update(top_p=c.grpo_top_p, top_k=c.grpo_top_k)
         if seeded:
             sampling["seed"] = c.seed
         return EpisodeConfig(
@@ -295,34 +306,38 @@ class Pipeline:
     def stage_sft(self) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from harness_gym.training.sft import sft_rows, sft_trainer
+        from harness_gym.training.sft import sft_rows, sft_trainer, validation_split
 
         c = self.config
         rows = sft_rows(self.stage_dir("demos") / "traces", max_length=c.sft_max_length)
         if not rows:
             raise SystemExit("no passing demonstration to train on: see demos/metrics.json")
+        train, held_out = (validation_split(rows, c.sft_val_fraction, seed=c.seed)
+                           if c.sft_val_fraction else (rows, None))
         base = self.base_dir()
         model = AutoModelForCausalLM.from_pretrained(base, dtype="float32")
         tokenizer = AutoTokenizer.from_pretrained(base)
         out = self.stage_dir("sft")
         timer = StepTimer()
         trainer = sft_trainer(
-            model, tokenizer, rows, output_dir=out / "trainer", frozen_prefix=True,
+            model, tokenizer, train, output_dir=out / "trainer", frozen_prefix=True,
             num_train_epochs=c.sft_epochs, learning_rate=c.sft_learning_rate,
             gradient_accumulation_steps=c.sft_grad_accum, seed=c.seed,
             save_strategy="steps", save_steps=c.sft_save_steps, save_total_limit=1,
-            lora=self.lora())
+            lora=self.lora(), eval_rows=held_out, patience=c.sft_patience)
         for callback in [timer, *self.state_callbacks()]:
             trainer.add_callback(callback)
         train_resumed(trainer, out / "trainer")
-        trainer.save_model(out / "model")
+        trainer.save_model(out / "model")  # with held-out rows: the best checkpoint's weights
         tokenizer.save_pretrained(out / "model")
-        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-        lengths = [len(r["input_ids"]) for r in rows]
+        history = trainer.state.log_history
+        losses = [e["loss"] for e in history if "loss" in e]
+        lengths = [len(r["input_ids"]) for r in train]
         return {
-            "rows": len(rows), "row_tokens_mean": sum(lengths) / len(lengths),
-            "loss_tokens": sum(sum(x != -100 for x in r["labels"]) for r in rows),
+            "rows": len(train), "row_tokens_mean": sum(lengths) / len(lengths),
+            "loss_tokens": sum(sum(x != -100 for x in r["labels"]) for r in train),
             "optimizer_steps": trainer.state.global_step, "losses": losses,
+            **validation_record(history, trainer.state, held_out),
             "step_s": timer.times, "step_cpu_s": timer.cpu_times,
             **trainer.frozen_prefix_stats()}
 
@@ -346,7 +361,8 @@ class Pipeline:
         return {"summary": summary, "episodes": episodes, "zone": list(ZONE),
                 "in_zone": ZONE[0] <= summary["pass_at_1"] <= ZONE[1],
                 "pass_rate_by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
-                "temperature": c.grpo_temperature, "samples_per_instance": c.calib_samples}
+                "temperature": c.grpo_temperature, "top_p": c.grpo_top_p,
+                "top_k": c.grpo_top_k, "samples_per_instance": c.calib_samples}
 
     def stage_lr_sweep(self) -> dict[str, Any]:
         c = self.config
@@ -429,7 +445,8 @@ class Pipeline:
             output_dir=str(out / "trainer"), per_device_train_batch_size=c.grpo_group_size,
             num_generations=c.grpo_group_size, gradient_accumulation_steps=c.grpo_groups_per_step,
             max_steps=steps, learning_rate=learning_rate,
-            lr_scheduler_type="constant", temperature=c.grpo_temperature, beta=0.0,
+            lr_scheduler_type="constant", temperature=c.grpo_temperature, top_p=c.grpo_top_p,
+            top_k=c.grpo_top_k, beta=0.0,
             max_completion_length=c.max_tokens, logging_steps=1, save_strategy="steps",
             save_steps=c.grpo_save_steps, save_total_limit=1, report_to="none", use_cpu=True,
             bf16=False, activation_checkpointing=False, seed=c.seed)
@@ -520,7 +537,8 @@ class Pipeline:
             p["n_episodes_run"] for p in points[:-1 if trained is not None else None])
         return {"summary": summary, "episodes": final["episodes"], "points": points,
                 "episodes_total": run,
-                "sampling": {"temperature": c.grpo_temperature, "max_tokens": c.max_tokens,
+                "sampling": {"temperature": c.grpo_temperature, "top_p": c.grpo_top_p,
+                             "top_k": c.grpo_top_k, "max_tokens": c.max_tokens,
                              "samples_per_instance": c.eval_samples, "greedy": 1},
                 "server": self.server.stats()}
 
@@ -550,8 +568,12 @@ class Pipeline:
             calibration = json.loads(path.read_text()) if path.exists() else None
         if calibration is None or self.config.mode == "quick":
             return None
+        engines = self.results_dir / "engines_cpu.json"  # the server's throughput by level
+        throughput = vllm_throughput(json.loads(engines.read_text())) if engines.exists() \
+            else None
         try:
-            return {"from": "learning_curve_calibrate.json", **plan(PRESETS["full"], calibration)}
+            return {"from": "learning_curve_calibrate.json",
+                    **plan(PRESETS["full"], calibration, throughput)}
         except (KeyError, ZeroDivisionError, ValueError):
             # the calibration is not complete yet: the units it has measured
             return {"from": "learning_curve_calibrate.json", "complete": False,
@@ -604,6 +626,28 @@ class Pipeline:
         return results
 
 
+def validation_record(history: list[dict[str, Any]], state: Any,
+                      held_out: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """SFT's validation, from the trainer's log: at each checkpoint the held-out loss and the
+    mean training loss since the one before; the checkpoint kept (the lowest held-out loss)."""
+    if held_out is None:
+        return {"validation": None}
+    evaluations, since = [], []
+    for entry in history:
+        if "loss" in entry:
+            since.append(entry["loss"])
+        if "eval_loss" in entry:
+            evaluations.append({"step": entry["step"], "val_loss": entry["eval_loss"],
+                                "train_loss": sum(since) / len(since) if since else None})
+            since = []
+    best = state.best_model_checkpoint
+    return {"validation": {
+        "rows": len(held_out), "tasks": sorted({str(r["task_id"]) for r in held_out}),
+        "evaluations": evaluations, "best_val_loss": state.best_metric,
+        "best_step": int(Path(best).name.removeprefix("checkpoint-")) if best else None,
+        "stopped_early": state.global_step < state.max_steps}}
+
+
 def task_kind(task: Any) -> str | None:
     """A family task's bug kind (its row's `family.kind`)."""
     family = task.extra.get("family") if isinstance(task.extra, dict) else None
@@ -638,6 +682,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder to commit (e.g. benchmarks/results/learning_curve_state/"
                              "PRESET): each finished stage and trainer checkpoint is saved "
                              "into it, and an empty workdir resumes from it (LoRA runs only)")
+    parser.add_argument("--redo-changed", action="store_true",
+                        help="where --set or a changed preset differs from the configuration "
+                             "the workdir/state recorded, run again the stages it changes "
+                             "(from the first, e.g. sft on) and keep the earlier ones")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated subset of {','.join(STAGES)}")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -669,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
     pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress,
-                        state=args.state)
+                        state=args.state, redo_changed=args.redo_changed)
     # A SIGTERM (`kill PID`) ends the run through its `finally`s: the vLLM server (its own
     # session, so no signal reaches it from the terminal) is stopped, not left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

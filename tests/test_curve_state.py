@@ -141,7 +141,8 @@ class StopAt:
         return _Stop()
 
 
-def sft(work: Path, callbacks: list[Any] = (), *, max_steps: int = 4, save_steps: int = 2) -> Any:
+def sft(work: Path, callbacks: list[Any] = (), *, max_steps: int = 4, save_steps: int = 2,
+        patience: int = 0) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness_gym.engines.tiny import tiny_model_dir
@@ -153,10 +154,14 @@ def sft(work: Path, callbacks: list[Any] = (), *, max_steps: int = 4, save_steps
     prompt = tokenizer("Fix the bug in add():\n")["input_ids"]
     answer = tokenizer("def add(a, b):\n    return a + b\n")["input_ids"]
     rows = [{"input_ids": prompt + answer, "labels": [-100] * len(prompt) + answer}] * 2
+    # with patience: held-out rows of another answer, whose loss training soon raises
+    other = tokenizer("print(sorted(words))\n")["input_ids"]
+    held_out = [{"input_ids": prompt + other, "labels": [-100] * len(prompt) + other}] * 2
     trainer = sft_trainer(model, tokenizer, rows, output_dir=work / "sft" / "trainer",
                           frozen_prefix=True, lora=LoraSpec(rank=2), max_steps=max_steps,
                           learning_rate=1e-2, save_strategy="steps", save_steps=save_steps,
-                          save_total_limit=1, seed=0)
+                          save_total_limit=1, seed=0, patience=patience,
+                          eval_rows=held_out if patience else None)
     for callback in callbacks:
         trainer.add_callback(callback)
     return trainer
@@ -245,3 +250,47 @@ def test_a_run_restored_at_its_last_checkpoint_takes_it_and_runs_no_step_more(tm
     trainer, steps, fresh = on_a_fresh_machine("machine-3")
     trainer.train(resume_from_checkpoint=last_checkpoint(fresh / "sft" / "trainer"))
     assert steps.count == 1 and trainer.state.global_step == 4
+
+
+def test_an_early_stopped_run_restored_elsewhere_ends_with_its_best_checkpoint(tmp_path):
+    """SFT with held-out rows stops early, its best checkpoint kept beside its last. On a fresh
+    machine (another workdir: the trainer's state names the best by the path it had) the run is
+    taken as it is, with no step more, and ends with the best checkpoint's adapter."""
+    work, folder = tmp_path / "machine-1", tmp_path / "state"
+    done = sft(work, [RunState(folder, work).callback()], max_steps=30, save_steps=1, patience=1)
+    done.train()
+    best = Path(done.state.best_model_checkpoint).name
+    last = f"checkpoint-{done.state.global_step}"
+    assert done.state.global_step < 30 and best != last
+    assert sorted(p.name for p in (folder / "sft" / "trainer").iterdir()) == sorted([best, last])
+    expected = adapter(done)  # load_best_model_at_end: the best's
+
+    fresh = tmp_path / "machine-2"
+    RunState(folder, fresh).restore()
+    steps = Steps()
+    trainer = sft(fresh, [steps.callback()], max_steps=30, save_steps=1, patience=1)
+    train_resumed(trainer, fresh / "sft" / "trainer")
+    assert steps.count == 0 and trainer.state.global_step == done.state.global_step
+    assert trainer.state.best_model_checkpoint == str(fresh / "sft" / "trainer" / best)
+    got = adapter(trainer)
+    assert all(torch.equal(got[n], expected[n]) for n in expected)
+
+
+def test_a_changed_configuration_keeps_the_stages_before_the_first_one_it_changes(tmp_path):
+    work = a_workdir(tmp_path)  # demos done, SFT begun
+    folder = tmp_path / "state"
+    RunState(folder, work).save()
+    state = RunState(folder, tmp_path / "fresh")
+    assert state.check({**CONFIG, "n_heldout": 9}) == []  # evaluation only: nothing begun
+    assert json.loads((folder / "config.json").read_text())["n_heldout"] == 9
+    new = {**CONFIG, "n_heldout": 9, "sft_val_fraction": 0.1, "grpo_top_p": 0.95}
+    with pytest.raises(StateError, match="sft_val_fraction.*begun \\(sft\\).*--redo-changed"):
+        state.check(new)
+    assert (folder / "sft").is_dir()
+    assert state.check(new, redo_changed=True) == ["sft"]
+    assert sorted(files(folder)) == ["config.json", "demos/metrics.json",
+                                     "demos/traces/teacher.jsonl.gz"]
+    assert json.loads((folder / "config.json").read_text()) == new
+    assert state.check(new, redo_changed=True) == []  # the same command again: a resume
+    with pytest.raises(StateError, match="differs in n_demo_tasks"):  # the demos themselves
+        state.check({**new, "n_demo_tasks": 5})

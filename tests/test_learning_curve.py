@@ -104,12 +104,46 @@ def test_sft_leaves_a_trained_lora_adapter_and_its_losses(quick):
 
 
 @quick_test
+def test_sft_holds_out_whole_demos_and_keeps_the_checkpoint_of_their_lowest_loss(quick):
+    sft = metrics(quick, "sft")
+    validation = sft["validation"]
+    passed = {e["task_id"] for e in metrics(quick, "demos")["episodes"]
+              if e["outcome"] == "passed"}
+    assert len(validation["tasks"]) == 1 and set(validation["tasks"]) < passed
+    assert validation["rows"] >= 1 and sft["rows"] >= 1  # the others trained on
+    # measured at every checkpoint (each optimizer step in the quick run), with the mean
+    # training loss since the one before
+    evaluations = validation["evaluations"]
+    assert [e["step"] for e in evaluations] == list(range(1, sft["optimizer_steps"] + 1))
+    assert all(math.isfinite(e["val_loss"]) and math.isfinite(e["train_loss"])
+               for e in evaluations)
+    best = min(evaluations, key=lambda e: e["val_loss"])
+    assert validation["best_step"] == best["step"]
+    assert validation["best_val_loss"] == best["val_loss"]
+    assert not validation["stopped_early"]  # no patience in the quick run
+    # the adapter the stage kept (and the server was given) is the best checkpoint's
+    kept = load_file(quick["work"] / "sft" / "model" / "adapter_model.safetensors")
+    at_best = load_file(quick["work"] / "sft" / "trainer" / f"checkpoint-{best['step']}"
+                        / "adapter_model.safetensors")
+    assert kept.keys() == at_best.keys()
+    assert all(torch.equal(kept[k], at_best[k]) for k in kept)
+
+
+@quick_test
 def test_the_tier_is_calibrated_on_training_tasks_at_the_rollout_temperature(quick):
     calib = metrics(quick, "train-pass")
     config = QUICK
     assert calib["summary"]["n_episodes"] == config.n_calib_tasks * config.calib_samples
     assert calib["summary"]["samples_per_instance"] == config.calib_samples
     assert calib["temperature"] == config.grpo_temperature
+    assert (calib["top_p"], calib["top_k"]) == (config.grpo_top_p, config.grpo_top_k)
+    # each call of its episodes recorded the nucleus it sampled from
+    (traces,) = (quick["work"] / "train-pass" / "traces").glob("*.jsonl")
+    calls = [(t, p, k) for line in traces.read_text().splitlines()
+             for segment in json.loads(line)["trace"] if segment["role"] == "agent"
+             for t, p, k in zip(segment["sampling_temperature"], segment["sampling_top_p"],
+                                segment["sampling_top_k"], strict=True)]
+    assert calls and set(calls) == {(config.grpo_temperature, 0.95, 50)}
     assert calib["in_zone"] == (0.2 <= calib["summary"]["pass_at_1"] <= 0.7)
     assert all("symptom-train" in e["task_id"] for e in calib["episodes"])
     demonstrated = {e["task_id"] for e in metrics(quick, "demos")["episodes"]}
@@ -149,6 +183,8 @@ def test_each_grpo_arm_samples_on_the_vllm_server_with_the_trainers_weights_of_e
         assert dynamic["kept"] + dynamic["masked"] == 1
         assert dynamic["dropped_zero_variance"] >= dynamic["masked"]
     assert grpo["optimizer_steps"] == 2
+    # scored under the rollouts' nucleus; what the trainer's weights left outside it is counted
+    assert isinstance(grpo["tokens_outside_kept"], int) and grpo["tokens_outside_kept"] >= 0
     assert grpo["points"] == [{"step": 1}]  # kept along the run for the evaluation
     # adapters (LoRA), merged for the server when evaluated
     assert (quick["work"] / arm / "points" / "step-1" / "adapter_model.safetensors").exists()
@@ -176,6 +212,7 @@ def test_each_checkpoint_is_evaluated_on_held_out_tasks_sampled_and_greedy(quick
     low, high = summary["pass_at_1_ci"]
     assert 0 <= low <= summary["pass_at_1"] <= high <= 1
     assert evaluation["sampling"]["temperature"] == config.grpo_temperature
+    assert evaluation["sampling"]["top_p"] == config.grpo_top_p == 0.95
     greedy = summary["greedy"]
     assert greedy["n_episodes"] == config.n_heldout and greedy["samples_per_instance"] == 1
     heldout = {e["task_id"] for e in evaluation["episodes"] + greedy["episodes"]}
@@ -356,11 +393,49 @@ def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
                                               * len(learning_curve.arm_stages(full)))
 
 
+def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concurrency():
+    """The committed calibration ran each evaluation's 4 samples 4 at a time and its 2 greedy
+    episodes 2 at a time; the full run runs 8 at a time. The plan re-times them by the vLLM
+    server's measured episodes per hour at each level (engines_cpu.json), leaves the server's
+    startup out of train-pass's episodes, and costs SFT's held-out rows."""
+    from curve.plan import throughput_at, vllm_throughput
+
+    results = REPO / "benchmarks" / "results"
+    calibration = json.loads((results / "learning_curve_calibrate.json").read_text())
+    throughput = vllm_throughput(json.loads((results / "engines_cpu.json").read_text()))
+    assert throughput_at({1: 100.0, 4: 400.0}, 2) == 200.0
+    assert throughput_at({1: 100.0, 4: 400.0}, 8) == 400.0
+    full = learning_curve.PRESETS["full"]
+    planned = learning_curve.plan(full, calibration, throughput)
+    assert calibration["plan"]["expected_s"] == planned["expected_s"]  # committed: this code's
+    units, expected = planned["units"], planned["expected_s"]
+    base = calibration["stages"]["eval"]["base"]
+    t = {level: throughput_at(throughput, level) for level in (2, 4, 8)}
+    assert units["eval_episode_s"]["base"] == pytest.approx(
+        base["eval_s"] / (4 / t[4] + 2 / t[2]) / t[8])
+    assert units["eval_episode_s"]["base"] < units["eval_episode_s_measured"]["base"]
+    assert expected["eval-base"] == pytest.approx(250 * units["eval_episode_s"]["base"])
+    assert learning_curve.plan(full, calibration)["units"]["eval_episode_s"] == \
+        units["eval_episode_s_measured"]  # no throughput: as measured
+    train_pass = calibration["stages"]["train-pass"]
+    assert units["calib_episode_s"] == pytest.approx(
+        (train_pass["wall_s"] - units["vllm_startup_s"]) / 8)
+    sizes = planned["sizes"]  # 90 demos trained on twice, 10 measured at 15 checkpoints
+    assert (sizes["sft_rows_expected"], sizes["sft_val_rows_expected"]) == (90, 10)
+    assert sizes["sft_checkpoints_expected"] == pytest.approx(90 * 2 / 4 / 3)
+    assert expected["sft"] == pytest.approx((90 * 2 + 15 * 10 / 3) * units["sft_row_s"])
+    # the issue's floors, and where they stand against the 10 h
+    assert full.n_heldout >= 50 and full.eval_samples >= 4 and full.grpo_group_size >= 4
+    assert full.grpo_steps >= 30 and len(learning_curve.arm_stages(full)) == 3
+    assert planned["fits_on_all_cores"] and not planned["fits"]
+
+
 @quick_test
 def test_a_workdir_refuses_a_run_with_another_configuration(quick):
     other = run_curve("--quick", "--workdir", str(quick["work"]), "--results",
                       str(quick["results"]), "--set", "n_heldout=3", timeout=900)
     assert other.returncode != 0 and "differs in n_heldout" in other.stderr
+    assert "--redo-changed" in other.stderr
 
 
 # --- the statistics -------------------------------------------------------------------------

@@ -58,6 +58,11 @@ class CurveConfig:
     sft_grad_accum: int = 1
     sft_max_length: int = 8192
     sft_save_steps: int = 5  # optimizer steps between resumable checkpoints
+    # validation: this fraction of the passing demonstrations (whole episodes, drawn by `seed`)
+    # is held out, its loss measured at every checkpoint, and SFT ends with the checkpoint of
+    # the lowest (after `sft_patience` checkpoints without a new lowest it stops); 0: none
+    sft_val_fraction: float = 0.0
+    sft_patience: int = 0
     # LoRA: 0 is full fine-tuning; else SFT trains an adapter of this rank and GRPO goes on
     # training it, so every checkpoint is an adapter (a few MB, what a --state folder can keep)
     # and the vLLM server gets the merged weights (harness_gym.training.lora)
@@ -75,7 +80,12 @@ class CurveConfig:
     grpo_group_size: int = 4
     grpo_groups_per_step: int = 1
     grpo_learning_rate: float = 1e-4  # 0: the sweep's pick
-    grpo_temperature: float = 1.0  # the rollout temperature (evaluation samples use it too)
+    # the rollout sampling: GRPO's groups, the train-pass calibration and the evaluation's
+    # samples alike (greedy episodes ignore it); every trace records it per call, and the GRPO
+    # trainer scores its rollouts under it (the nucleus renormalised, as the engines sample)
+    grpo_temperature: float = 1.0
+    grpo_top_p: float = 1.0  # 1: the whole vocabulary
+    grpo_top_k: int = 0  # 0: no top-k
     grpo_save_steps: int = 1
     grpo_eval_every: int = 0  # keep the weights every N steps as an evaluated point; 0 none
     grpo_arms: str = "gated"  # comma-separated, of ARMS
@@ -90,12 +100,14 @@ class CurveConfig:
 PRESETS: dict[str, CurveConfig] = {
     # The tiny random model on a real vLLM server: proves every stage runs and computes its
     # metrics (two GRPO steps per arm, so each arm has a point along its run), through LoRA
-    # as the full run trains, with the fewest episodes that still give every metric (groups of
-    # 2, one sample per instance: its tests take their counts from here).
+    # and the nucleus as the full run trains and samples, with the fewest episodes that still
+    # give every metric (groups of 2, one sample per instance; 3 demonstrations, one held out
+    # and measured at each of SFT's 2 checkpoints: its tests take their counts from here).
     "quick": CurveConfig(mode="quick", policy="tiny-vllm", teacher="teacher:tiny,score=0",
-                         vllm_kv_cache_gib=1, n_demo_tasks=2, sft_save_steps=2, lora_rank=4,
-                         calib_samples=1, lr_sweep="1e-4,1e-3", lr_sweep_steps=1,
-                         grpo_learning_rate=0.0, grpo_steps=2, grpo_group_size=2,
+                         vllm_kv_cache_gib=1, n_demo_tasks=3, sft_save_steps=1,
+                         sft_val_fraction=0.34, lora_rank=4, calib_samples=1,
+                         lr_sweep="1e-4,1e-3", lr_sweep_steps=1, grpo_learning_rate=0.0,
+                         grpo_steps=2, grpo_group_size=2, grpo_top_p=0.95, grpo_top_k=50,
                          grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
                          grpo_dynamic_draws=1, eval_samples=1),
     # SmolLM2 with a handful of each unit: the per-unit times that size the full run.
@@ -107,23 +119,30 @@ PRESETS: dict[str, CurveConfig] = {
         sft_learning_rate=5e-4, lora_rank=8, n_calib_tasks=4, calib_samples=2, lr_sweep="1e-4",
         lr_sweep_steps=1, grpo_learning_rate=0.0, grpo_steps=1, grpo_temperature=0.8,
         grpo_arms="gated", grpo_dynamic_draws=1, eval_samples=2),
-    # The full run, sized from the calibration (its results' `plan`) to the issue's floors: 30
-    # GRPO steps per arm of one group of 4 (dynamic sampling refills up to 2 more), 50
-    # held-out instances x 4 samples plus greedy per checkpoint, one point mid-run per arm
-    # (1 sample plus greedy); the rest of the 10 h goes to SFT data. LoRA rank 8 on the
-    # attention's q and v (a 1.8 MB adapter; its trainer checkpoint with the optimizer state
-    # 5.6 MB), so the run's state is committed between sittings (`--state`); its learning
-    # rates are LoRA's (about 5x full fine-tuning's: an adapter's update is low-rank).
+    # The full run at the issue's floors: 30 GRPO steps per arm of one group of 4 (dynamic
+    # sampling refills up to 2 more), 50 held-out instances x 4 samples plus greedy per
+    # checkpoint, one point mid-run per arm (1 sample plus greedy). Its plan from the
+    # calibration (`plan`): 44.7k s, 8.7k s over the 10 h on the calibration's wall units
+    # (measured on a machine shared by six; GRPO's training unit from first steps only; GRPO
+    # alone is 22.6k s at the floors), 4.8 h on its CPU seconds over two cores. SFT holds out 10% of the demonstrations and keeps the
+    # checkpoint of their lowest loss (the 2-epoch SFT without it memorised its 100 demos,
+    # training loss 0.09); rollouts sample T=0.8 within top_p 0.95 and top_k 50 (at the full
+    # vocabulary the 135M policy drew 5 of 16 first tokens from the tail, logprobs -3.6 to
+    # -10.4, and its episodes degenerated). LoRA rank 8 on the attention's q and v (a 1.8 MB
+    # adapter; its trainer checkpoint with the optimizer state 5.6 MB), so the run's state is
+    # committed between sittings (`--state`); its learning rates are LoRA's (about 5x full
+    # fine-tuning's: an adapter's update is low-rank).
     "full": CurveConfig(
         mode="full", policy="smollm2", teacher="teacher:smollm2,churn=0.6", n_demo_tasks=100,
         vllm_kv_cache_gib=3,
         n_heldout=50, max_tokens=192, episode_timeout_s=900,
-        sft_epochs=2, sft_learning_rate=5e-4, sft_grad_accum=4, sft_save_steps=3, lora_rank=8,
-        n_calib_tasks=24, calib_samples=2, lr_sweep="2e-5,1e-4", lr_sweep_steps=3,
+        sft_epochs=2, sft_learning_rate=5e-4, sft_grad_accum=4, sft_save_steps=3,
+        sft_val_fraction=0.1, sft_patience=2, lora_rank=8,
+        n_calib_tasks=24, calib_samples=2, lr_sweep="2e-5,1e-4", lr_sweep_steps=2,
         grpo_learning_rate=0.0, grpo_steps=30, grpo_group_size=4, grpo_groups_per_step=1,
-        grpo_temperature=0.8, grpo_eval_every=15, tool_penalty=0.05,
-        grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2, eval_samples=4,
-        point_samples=1),
+        grpo_temperature=0.8, grpo_top_p=0.95, grpo_top_k=50, grpo_eval_every=15,
+        tool_penalty=0.05, grpo_arms="gated,nopenalty,flat", grpo_dynamic_draws=2,
+        eval_samples=4, point_samples=1),
 }
 
 
@@ -151,6 +170,36 @@ def wanted(stages: list[str], config: CurveConfig) -> list[str]:
     arms = arm_stages(config)
     skipped = {s for s in ARMS.values() if s not in arms}
     return [s for s in stages if s not in skipped and s.removeprefix("eval-") not in skipped]
+
+
+# The first stage each field changes (a field not named here changes the demonstrations, so
+# every stage). A recorded run whose configuration differs goes on under the new one only where
+# no stage from the first changed one on has begun (`stale_stages`): each stage starts from what
+# the ones before it left, so a change makes every later stage stale too.
+FIELD_STAGE = {
+    **dict.fromkeys(("policy", "sft_epochs", "sft_learning_rate", "sft_grad_accum",
+                     "sft_max_length", "sft_save_steps", "sft_val_fraction", "sft_patience",
+                     "lora_rank", "lora_alpha", "lora_targets"), "sft"),
+    **dict.fromkeys(("engine", "vllm_max_model_len", "vllm_kv_cache_gib", "max_tokens",
+                     "n_calib_tasks", "calib_samples", "grpo_temperature", "grpo_top_p",
+                     "grpo_top_k"), "train-pass"),
+    **dict.fromkeys(("task_kinds", "lr_sweep", "lr_sweep_steps", "grpo_group_size",
+                     "grpo_groups_per_step", "grpo_save_steps", "grpo_dynamic_draws"),
+                    "lr-sweep"),
+    **dict.fromkeys(("grpo_steps", "grpo_learning_rate", "grpo_eval_every", "grpo_arms"),
+                    ARMS["gated"]),
+    **dict.fromkeys(("heldout_suite", "n_heldout", "eval_samples", "point_samples"),
+                    "eval-base"),
+}
+
+
+def stale_stages(fields: list[str]) -> list[str]:
+    """The stages a change of `fields` makes stale: from the first stage any of them changes
+    (`FIELD_STAGE`) on, in `STAGES` order."""
+    if not fields:
+        return []
+    first = min(STAGES.index(FIELD_STAGE.get(name, "demos")) for name in fields)
+    return list(STAGES[first:])
 
 
 def config_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

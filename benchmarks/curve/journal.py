@@ -163,18 +163,38 @@ def last_checkpoint(directory: Path) -> str | None:
 
 def train_resumed(trainer: Any, directory: Path) -> None:
     """`trainer.train()`, resumed from its last checkpoint in `directory` if there is one. A
-    checkpoint at the run's last step is taken as it is, not resumed: transformers 5 checks
+    checkpoint at the run's last step (or where early stopping ended it) is taken as it is,
+    not resumed: transformers 5 checks
     `max_steps` only after a step, so resuming it would run one step more (for GRPO, one more
-    group of episodes, on a run cut between its last checkpoint and its metrics)."""
-    from transformers import TrainerState
+    group of episodes, on a run cut between its last checkpoint and its metrics).
+
+    A trainer that keeps its best checkpoint (`load_best_model_at_end`) ends with its weights
+    either way. Its state names that checkpoint by the path it was saved under, which a run
+    restored into another workdir (`--state`) does not have: the name is looked up in
+    `directory`, so the best is neither lost to the rotation of checkpoints nor left unloaded."""
+    from transformers import TrainerCallback, TrainerState
+
+    def relocate(state: Any) -> None:
+        if state.best_model_checkpoint:
+            state.best_model_checkpoint = str(directory / Path(state.best_model_checkpoint).name)
+
+    class _Relocate(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            relocate(state)  # the state a resumed run has just loaded from its checkpoint
 
     resume = last_checkpoint(directory)
     if resume is not None:
         saved = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
-        if saved.max_steps and saved.global_step >= saved.max_steps:
+        control = (saved.stateful_callbacks or {}).get("TrainerControl", {}).get("args", {})
+        if saved.max_steps and saved.global_step >= saved.max_steps \
+                or control.get("should_training_stop"):  # early stopping ended it there
             trainer._load_from_checkpoint(resume)  # its weights (an adapter: into the peft model)
             trainer.state = saved
+            relocate(saved)
+            if trainer.args.load_best_model_at_end and saved.best_model_checkpoint:
+                trainer._load_best_model()
             log(f"{directory.parent.name}: its checkpoint at step {saved.global_step} is its "
                 "last: taken as it is")
             return
+    trainer.add_callback(_Relocate())
     trainer.train(resume_from_checkpoint=resume)

@@ -19,12 +19,15 @@ holds only what changed.
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import recorded_differences
+from .config import recorded_differences, stale_stages
 from .process import log
 
 #: A file larger than this is refused: a full-weight checkpoint (540 MB for SmolLM2) has no
@@ -56,17 +59,15 @@ class RunState:
         self.directory = directory
         self.workdir = workdir
 
-    def check(self, config: dict[str, Any]) -> None:
-        """Refuse a folder that holds files but no run, or another run's state: saving mirrors
-        the workdir into it (removing what the workdir no longer has)."""
-        changed = recorded_differences(self.directory, config)
-        if changed:
-            raise StateError(f"{self.directory} holds the state of a run with another "
-                             f"configuration (differs in {', '.join(changed)}): give "
-                             "another --state folder")
-        if changed is None and self.directory.is_dir() and any(self.directory.iterdir()):
+    def check(self, config: dict[str, Any], *, redo_changed: bool = False) -> list[str]:
+        """Refuse a folder that holds files but no run, or a run whose recorded configuration
+        `config` changes in stages it has begun (see `reconcile`): saving mirrors the workdir
+        into it (removing what the workdir no longer has). Returns the stages removed."""
+        if recorded_differences(self.directory, config) is None and self.directory.is_dir() \
+                and any(self.directory.iterdir()):
             raise StateError(f"{self.directory} is not a learning-curve state (no config.json): "
                              "give an empty or new folder")
+        return reconcile(self.directory, config, redo_changed=redo_changed)
 
     def restore(self) -> int:
         """Copy into the workdir each state file it lacks (decompressed); returns the count.
@@ -156,6 +157,31 @@ class RunState:
     @staticmethod
     def _files(root: Path) -> list[Path]:
         return [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+
+
+def reconcile(folder: Path, config: dict[str, Any], *, redo_changed: bool = False) -> list[str]:
+    """Make `config` the configuration of the run recorded in `folder` (a workdir or a state
+    folder), or refuse. Stages before the first one a changed field affects are kept (e.g. the
+    demonstrations when only SFT's settings change); the stages from it on must not have begun,
+    or, with `redo_changed`, they are removed to be run again. Returns the stages removed.
+    Idempotent: once config.json records `config`, a resumed run finds nothing to redo."""
+    changed = recorded_differences(folder, config)
+    if not changed:
+        return []
+    begun = [stage for stage in stale_stages(changed) if RunState._files(folder / stage)]
+    if begun and not redo_changed:
+        raise StateError(
+            f"{folder} holds a run with another configuration (differs in {', '.join(changed)}) "
+            f"that changes stages it has begun ({', '.join(begun)}): resume it with the same "
+            "settings, pass --redo-changed to run those stages again under these (the stages "
+            "before them are kept), or give another folder")
+    for stage in begun:
+        shutil.rmtree(folder / stage)
+    _write(folder / "config.json", json.dumps(config, indent=2).encode(), time.time_ns())
+    log(f"{folder}: configuration changed in {', '.join(changed)}; "
+        + (f"stages {', '.join(begun)} removed, to run again" if begun
+           else "no stage it changes had begun"))
+    return begun
 
 
 def _write(path: Path, data: bytes, mtime_ns: int) -> None:

@@ -223,16 +223,21 @@ def _plan_sentence(plan: Mapping[str, Any]) -> str:
                 f"{z['sft_epochs']:g} SFT epochs, {z['grpo_steps']} GRPO steps of "
                 f"{grpo_per_step} episodes, {z['heldout']} held-out instances per checkpoint: "
                 f"{hours:.1f} h expected.")
+    level = (u.get("eval_concurrency") or {}).get("full")
+    at = f" ({level} at a time)" if level and u["eval_concurrency"].get("throughput") else ""
+    cpu = plan.get("expected_wall_s_all_cores")
+    on_cores = (f" ({cpu / 3600:.1f} h from its CPU seconds over all cores)"
+                if cpu is not None and at else "")
     return (f"The full run's plan, from the calibration's per-unit wall times: demo episode "
             f"{u['demo_episode_s']:.0f} s, SFT row {u['sft_row_s']:.0f} s, GRPO episode "
             f"{u['grpo_episode_s']:.0f} s + {u['grpo_row_train_s']:.0f} s of training, "
-            f"held-out episode {min(evals):.0f}-{max(evals):.0f} s, vLLM start "
+            f"held-out episode {min(evals):.0f}-{max(evals):.0f} s{at}, vLLM start "
             f"{u['vllm_startup_s']:.0f} s; {z['demo_tasks']} demos, {z['sft_epochs']:g} SFT "
             f"epochs, {z['sweep_episodes']} sweep episodes, {z['grpo_steps']} GRPO steps of "
             f"{grpo_per_step // max(1, z.get('arms', 1))} episodes per "
             f"arm, {z['points_per_arm']} point(s) per arm, {z['eval_episodes_per_checkpoint']} "
             f"held-out episodes per checkpoint: {hours:.1f} h expected of a {budget:.0f} h "
-            "budget.")
+            f"budget{on_cores}.")
 
 
 def replace_readme_block(readme: str, block: str) -> str:
