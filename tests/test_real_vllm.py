@@ -105,7 +105,9 @@ def test_the_server_comes_up_with_processed_logprobs_ids_in_logprobs_and_its_con
 @pytest.mark.parametrize("sampling", [
     SamplingParams(max_tokens=24, temperature=1.0, seed=3),
     SamplingParams(max_tokens=24, temperature=0.7, top_k=40, seed=4),
-], ids=["T1", "T0.7-top_k40"])
+    SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=5),
+    SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=6),  # the curve's
+], ids=["T1", "T0.7-top_k40", "T0.8-top_p0.9", "T0.8-top_p0.95-top_k50"])
 def test_sampled_ids_and_logprobs_equal_a_transformers_rescore(engine, model, sampling):
     prompt = engine.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False)
     out = complete(engine, prompt, sampling)
