@@ -14,6 +14,10 @@ peft's model cards (`README.md`, 5 KB beside each adapter), temporary files and 
 each stage's `metrics.json` and the run's `config.json` (readable in a diff).
 Compression is deterministic and unchanged files are not rewritten, so a commit of the state
 holds only what changed.
+
+A run whose configuration changed since its state was saved is taken up only where the change
+touches no stage it has begun (`reconcile`): e.g. new SFT settings keep the demonstrations, and
+`--redo-changed` removes the SFT stage and those after it to run them again.
 """
 
 from __future__ import annotations
