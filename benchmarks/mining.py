@@ -12,7 +12,8 @@ Each source is mined by the command itself, `harness-gym tasks make --pypi X==V 
 `oracle:noop`. Sdists, envs and suite runs are cached (`$HARNESS_GYM_CACHE`), so a second run
 only validates and plays the episodes again. Writes benchmarks/results/mining_<sandbox>.json
 (or `--results NAME`): per source the mining summary (candidates, kept, rejected by reason,
-split, difficulty levels), the history's releases, the episode outcomes and wall times.
+split, and the split's unit, held-out unit count and held-out tasks, difficulty levels), the
+history's releases, the episode outcomes and wall times.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import gymnasium as gym
 from harness_gym.tasks import load_tasks
 from harness_gym.tasks.mine.make import SUMMARY_FILE
+from harness_gym.tasks.mine.split import SPLIT_FILE
 from harness_gym.tasks.mine.history import git
 from harness_gym.tasks.mine.releases import registry_versions, release_history
 
@@ -100,14 +102,16 @@ def _mine(source: str, n: int, sandbox: str, scratch: Path) -> dict[str, object]
               sandbox])  # fmt: skip
     mined_s = time.monotonic() - started
     summary = json.loads((out / SUMMARY_FILE).read_text())
+    split = json.loads((out / SPLIT_FILE).read_text())
     kept = load_tasks(out) if summary["kept"] else []
     levels = Counter(t.extra["mine"]["difficulty"]["level"] for t in kept)
     started = time.monotonic()
     episodes, unexpected = _episodes(out, sandbox) if kept else ({}, [])
     row = {**summary, "source": source}
     return {"summary": {k: v for k, v in row.items() if k != "out"}, **history,
-            "difficulty": dict(levels), "episodes_pi": episodes, "unexpected": unexpected,
-            "mine_wall_s": round(mined_s, 1),
+            "split_unit": split["unit"], "heldout_units": len(split["heldout_units"]),
+            "heldout_tasks": split["heldout"], "difficulty": dict(levels),
+            "episodes_pi": episodes, "unexpected": unexpected, "mine_wall_s": round(mined_s, 1),
             "episodes_wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
 
 
