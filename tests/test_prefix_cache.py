@@ -93,11 +93,20 @@ def test_logprobs_with_a_cached_prefix_equal_an_uncached_run(engine, sampling):
         assert max(abs(a - b) for a, b in zip(cached.logprobs, rescored)) < TOLERANCE
 
 
-def test_a_weight_update_retires_every_cached_prefix(engine):
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.5),
+    # transformers 5's default: it writes the weights without bumping their version counters
+    "fused-adamw": lambda params: torch.optim.AdamW(params, lr=0.5, fused=True),
+    "foreach-adamw": lambda params: torch.optim.AdamW(params, lr=0.5, foreach=True),
+}
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS)
+def test_a_weight_update_retires_every_cached_prefix(engine, make_optimizer):
     prompt = chat(engine, "Fix the bug in calc.py.")
     generate(engine, prompt, max_tokens=8, seed=0)
     # An optimizer step, as a trainer sharing the engine's model takes between rollouts.
-    optimizer = torch.optim.SGD(engine.model.parameters(), lr=0.5)
+    optimizer = make_optimizer(engine.model.parameters())
     logits = engine.model(input_ids=torch.tensor([prompt])).logits
     logits[0, -1, 0].backward()
     optimizer.step()

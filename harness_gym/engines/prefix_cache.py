@@ -18,11 +18,13 @@ Exactness: a cached prefix changes only how the work is split (prefix and rest i
 instead of one), not what is computed; logprobs agree with an uncached run to float rounding
 (~1e-6, tests/test_prefix_cache.py), not bit for bit.
 
-Stale weights: an entry is tagged with a fingerprint of the weights, the sum of the parameters'
-version counters, which every in-place update bumps (optimizer steps, `load_state_dict`,
-`torch.no_grad()` writes). An entry with another fingerprint is never reused, so KV computed
-before a training step is dropped after it. Writes through `param.data` are not tracked by
-torch's counters: code that updates weights that way must call `clear()`.
+Stale weights: an entry is tagged with a fingerprint of the weights: the sum of the parameters'
+version counters, which in-place updates bump (`load_state_dict`, `torch.no_grad()` writes, the
+foreach and for-loop optimizers), plus the count of optimizer steps taken in this process, since
+torch's fused AdamW (transformers 5's default optimizer) writes the weights without bumping their
+counters. An entry with another fingerprint is never reused, so KV computed before a training
+step is dropped after it. Writes through `param.data` are tracked by neither: code that updates
+weights that way must call `clear()`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -42,9 +45,23 @@ __all__ = ["DEFAULT_MAX_BYTES", "PrefixKVCache", "cache_kwarg", "weights_fingerp
 DEFAULT_MAX_BYTES = 1 << 30
 
 
+_optimizer_steps = 0
+
+
+def _count_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+# Any optimizer's step, in this process: conservative (a step of another model's optimizer
+# retires these entries too), and the one signal a fused optimizer gives.
+register_optimizer_step_post_hook(_count_step)
+
+
 def weights_fingerprint(model: Any) -> int:
-    """A number that changes whenever a parameter is modified in place (see the module doc)."""
-    return sum(p._version for p in model.parameters())
+    """A number that grows whenever a parameter is modified in place or an optimizer steps
+    (see the module doc)."""
+    return sum(p._version for p in model.parameters()) + _optimizer_steps
 
 
 def cache_kwarg(model: Any) -> str:
