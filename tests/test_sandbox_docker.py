@@ -257,3 +257,16 @@ def test_an_agent_that_stops_its_container_is_a_fault_not_an_error(box: DockerSa
     box.exec("kill -9 1 $(cat /proc/1/task/1/children)")  # init and the sleep that keeps it up
     box.kill_processes()  # no exception: the agent broke its own episode (harness_error)
     assert box.fault is not None and "stopped its own container" in box.fault
+
+
+
+def test_a_started_commands_process_exists_when_start_returns(box: DockerSandbox) -> None:
+    """Docker answers `exec_start` before the process exists (its pid still 0): a
+    `kill_processes()` right after `start()` could find nothing and the command ran after it,
+    as the agent's writer in test_grade_alone did under load (graded `passed`). `start()`
+    returns once the daemon reports the process's pid."""
+    jobs = [box.start("exec sleep 30") for _ in range(10)]
+    pids = [box._api.exec_inspect(job.exec_id)["Pid"] for job in jobs]
+    assert all(pid > 0 for pid in pids), pids
+    box.kill_processes()
+    assert all(not box._api.exec_inspect(job.exec_id)["Running"] for job in jobs)

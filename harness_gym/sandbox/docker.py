@@ -101,6 +101,10 @@ _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Runs one command: marks it, sends its output to files, and (emit=1, for `exec`) writes the
 # files to the exec stream once it has exited. The mark is set on the command only, so killing
 # the marked processes leaves the wrapper alive to report what the command printed.
+# How long the daemon may take from `exec_start` to a running process (measured: ms; minutes
+# would mean a wedged daemon).
+_PROCESS_START_S = 120.0
+
 _WRAPPER = r"""
 id=$1 out=$2 err=$3 in=$4 emit=$5; shift 5
 HARNESS_GYM_JOB_ID=$id "$@" >"$out" 2>"$err" <"$in"
@@ -448,9 +452,24 @@ class DockerSandbox(Sandbox):
                 workdir=self.path(cwd) if cwd else self.workdir,
             )["Id"]
             sock = self._api.exec_start(exec_id, socket=True)
+            self._await_process(exec_id, command)
         except _docker().errors.DockerException as exc:
             raise SandboxError(f"could not start {command!r}: {exc}") from exc
         return DockerJob(self, exec_id, sock, job_id, stdout_path, stderr_path, started)
+
+    def _await_process(self, exec_id: str, command: Sequence[str] | str) -> None:
+        """Return once the exec's process exists. The daemon answers `exec_start` when it has
+        upgraded the stream, which can be before containerd has spawned the process: a
+        `kill_processes()` right after `start()` then found nothing, and the command started
+        after it (grade_alone's docker attack was graded `passed`, 1 run at a load of 23)."""
+        deadline = time.monotonic() + _PROCESS_START_S
+        while True:
+            info = self._api.exec_inspect(exec_id)
+            if info.get("Pid") or info.get("ExitCode") is not None:
+                return
+            if time.monotonic() > deadline:
+                raise SandboxError(f"{command!r} did not start within {_PROCESS_START_S:g} s")
+            time.sleep(0.005)
 
     def _kill_marked(self, marker: str, value: str) -> None:
         """SIGKILL every process in the container whose environment holds marker=value."""
