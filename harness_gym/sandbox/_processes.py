@@ -129,3 +129,35 @@ def children(pid: int) -> list[int]:
             if int(stat.rpartition(")")[2].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, their children, and so on: a snapshot."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _runs(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float = 2.0) -> None:
+    """Until none of `pids` runs (gone, or a zombie), at most `timeout` s. A SIGKILL is sent,
+    not yet done, when kill() returns; and killing a bwrap's outer process ends the commands in
+    its pid namespace only as that namespace is torn down, after the kill returned: without
+    this wait, a non-root bwrap sandbox's escapee still ran after kill_processes()."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if _runs(pid)]
+        if left:
+            time.sleep(0.005)

@@ -216,8 +216,10 @@ class LocalJob(Job):
         leaves the dev server its agent started running), and whatever left the group with
         setsid (Pi runs each bash tool call in a new session)."""
         with self._lock:
+            tree = procs.descendants(self._proc.pid) if self._proc.returncode is None else []
             procs.kill_group_and_reap(self._proc)
             procs.kill_marked(procs.JOB_MARKER, self.id)
+            procs.wait_gone(tree)
 
     def reap(self) -> None:
         """Collect the exited leader without touching the rest of its group."""
