@@ -13,9 +13,9 @@ t >= start. The keys and values of positions before `start - 1` (the frozen pref
 gradient on top of them (position `start - 1` is the one whose logits predict the first loss
 token, so it must be among them). Rows that share a prefix (every episode's system prompt; a
 GRPO group's whole prompt) compute it once per weight version: the cache keys entries by a
-fingerprint of the weights (their version counters). Fused AdamW updates weights without
-bumping those counters, so the trainers (`trainers`) also clear the cache at every optimizer
-step and checkpoint load.
+fingerprint of the weights (their version counters plus the optimizer steps taken, which covers
+fused AdamW: `engines.prefix_cache`), so an optimizer step retires them; the trainers
+(`trainers`) also clear the cache at every checkpoint load.
 
 The loss value is exactly the full-sequence one (the same forward, split in two). The gradient is
 the full-sequence gradient with the frozen prefix's keys and values held constant: it keeps every

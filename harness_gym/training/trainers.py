@@ -30,27 +30,17 @@ IGNORE_INDEX = -100
 
 class _FrozenPrefixMixin:
     """One `FrozenPrefixScorer` per model object the trainer scores with, their cached prefixes
-    forgotten at every optimizer step and checkpoint load.
+    forgotten at every checkpoint load.
 
-    Why not rely on the cache's own check (a fingerprint of the parameters' version counters):
-    torch's fused AdamW, transformers 5's default optimizer, updates the weights without
-    bumping those counters, so every step after the first scored on prefix keys and values of
-    the weights before it (measured on the tiny model: a held-out loss of 8.29 reported where
-    the model's own was 8.93 after two steps)."""
+    An optimizer step retires them through the cache's own fingerprint (the parameters' version
+    counters plus the optimizer steps taken: `engines.prefix_cache`), which also covers torch's
+    fused AdamW, transformers 5's default, that updates weights without bumping the counters
+    (before that, every step after the first scored on prefix keys and values of the weights
+    before it: a held-out loss of 8.29 reported where the model's own was 8.93 after two steps
+    of the tiny model). A load may replace the parameters with new tensors, whose counters
+    start again: the cache is cleared there."""
 
     _scorers: dict[int, FrozenPrefixScorer]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        from transformers import TrainerCallback
-
-        trainer = self
-
-        class _ForgetPrefixes(TrainerCallback):
-            def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                trainer._forget_prefixes()
-
-        self.add_callback(_ForgetPrefixes())  # type: ignore[attr-defined]
 
     def _forget_prefixes(self) -> None:
         for scorer in self.__dict__.get("_scorers", {}).values():
