@@ -66,7 +66,6 @@ from __future__ import annotations
 import io
 import os
 import posixpath
-import select
 import subprocess
 import tarfile
 import tempfile
@@ -80,12 +79,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import _pids
 from . import _processes as procs
-from ._pids import CountCensus, PidsWatch
 from ._containers import LABEL, _tar, _tar_tree, owner_is_gone, owner_labels
+from ._docker_exec import (
+    CHECK_WORKDIR,
+    KILL_ALL,
+    KILL_MARKED,
+    PROCESS_START_S,
+    WRAPPER,
+    DockerJob,
+)
+from ._pids import CountCensus, PidsWatch
 from ._relay import RELAY_SCRIPT, start_host_relay, stop_relay
 from .base import (
     ExecResult,
-    Job,
     Sandbox,
     SandboxBackend,
     SandboxCaps,
@@ -97,76 +103,6 @@ from .local import OUTPUT_LIMIT_BYTES, _argv, _rmtree
 
 DEFAULT_IMAGE = "harness-gym/base:1"  # keep in step with scripts/docker-image
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-# Runs one command: marks it, sends its output to files, and (emit=1, for `exec`) writes the
-# files to the exec stream once it has exited. The mark is set on the command only, so killing
-# the marked processes leaves the wrapper alive to report what the command printed.
-# How long the daemon may take from `exec_start` to a running process (measured: ms; minutes
-# would mean a wedged daemon).
-_PROCESS_START_S = 120.0
-
-_WRAPPER = r"""
-id=$1 out=$2 err=$3 in=$4 emit=$5; shift 5
-HARNESS_GYM_JOB_ID=$id "$@" >"$out" 2>"$err" <"$in"
-rc=$?
-if [ "$emit" = 1 ]; then
-  tail -c {limit} "$out"; tail -c {limit} "$err" >&2; rm -f "$out" "$err"
-fi
-[ "$in" = /dev/null ] || rm -f "$in"
-exit $rc
-""".replace("{limit}", str(OUTPUT_LIMIT_BYTES))
-
-# Checks that the image had files at the repo dir (an empty one is the volume docker made for a
-# path the image lacks).
-_CHECK_WORKDIR = r"""
-[ -n "$(ls -A "$1" 2>/dev/null)" ] || { echo "no repository at $1 in the image" >&2; exit 3; }
-"""
-
-# SIGKILLs every process in the container but its init (pid 1), the process init started (the
-# `sleep` that keeps the container up: init's oldest child, older than anything the agent can
-# start or orphan onto init) and itself, zombies left to init, until a scan finds none; then
-# prints df's line for /sandbox. Exit 1 if some survive 2000 scans. It forks nothing until then:
-# under a fork bomb no pid is free.
-_KILL_ALL = r"""
-oldest= sleeper=
-for d in /proc/[0-9]*; do
-  read -r stat 2>/dev/null <"$d/stat" || continue
-  set -- ${stat##*) }
-  [ "$2" = 1 ] || continue
-  if [ -z "$oldest" ] || [ "${20}" -lt "$oldest" ]; then oldest=${20} sleeper=${d#/proc/}; fi
-done
-keep=" 1 $sleeper $$ "
-round=0
-while :; do
-  found=
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case "$keep" in *" $p "*) continue ;; esac
-    read -r stat 2>/dev/null <"$d/stat" || continue
-    state=${stat##*) }
-    [ "${state%% *}" = Z ] && continue
-    kill -9 "$p" 2>/dev/null && found=1
-  done
-  if [ -z "$found" ]; then df -Pk /sandbox | tail -n 1; exit 0; fi
-  round=$((round + 1))
-  [ "$round" -ge 2000 ] && exit 1
-done
-"""
-
-# SIGKILLs every process whose environment holds $1=$2, until a scan finds none (a process
-# may fork while the scan runs).
-_KILL_MARKED = r"""
-for round in 1 2 3 4 5; do
-  found=
-  for e in /proc/[0-9]*/environ; do
-    if grep -qzx "$1=$2" "$e" 2>/dev/null; then
-      p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null && found=1
-    fi
-  done
-  [ -z "$found" ] && break
-done
-true
-"""
 
 _FULL_KIB = 1024  # /sandbox with less free space than this after the agent's turn is full
 
@@ -201,113 +137,6 @@ def docker_unavailable(image: str = DEFAULT_IMAGE) -> str | None:
         if client is not None:
             client.close()
     return None
-
-
-# -- owners of containers -------------------------------------------------------------------
-
-
-class DockerJob(Job):
-    """A command run by `docker exec` under the wrapper; its exec stream ends when it exits."""
-
-    def __init__(self, box: DockerSandbox, exec_id: str, sock: Any, job_id: str,
-                 stdout_path: str, stderr_path: str, started: float) -> None:  # fmt: skip
-        self._box = box
-        self.exec_id = exec_id
-        self._sock = sock
-        self.id = job_id
-        self.stdout_path = stdout_path
-        self.stderr_path = stderr_path
-        self._started = started
-        self._code: int | None = None
-        self._timed_out = False
-        self._lock = threading.Lock()
-
-    def _ended(self, timeout: float | None) -> bool:
-        """Wait up to `timeout` for the exec stream to have data or end."""
-        poller = select.poll()
-        poller.register(self._sock.fileno(), select.POLLIN | select.POLLHUP)
-        return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
-
-    def _read_stream(self) -> tuple[bytes, bytes]:
-        from docker.utils.socket import (
-            consume_socket_output,
-            demux_adaptor,
-            frames_iter,
-        )
-
-        frames = (demux_adaptor(*frame) for frame in frames_iter(self._sock, tty=False))
-        out, err = consume_socket_output(frames, demux=True)
-        return out or b"", err or b""
-
-    def _inspect_exit(self) -> int | None:
-        info = self._box._api.exec_inspect(self.exec_id)
-        return None if info["Running"] or info["ExitCode"] is None else int(info["ExitCode"])
-
-    def _reported_exit_code(self) -> int:
-        """The wrapper's exit code; the daemon may report it a moment after the stream ends."""
-        for _ in range(500):
-            code = self._inspect_exit()
-            if code is not None:
-                return code
-            time.sleep(0.01)
-        raise SandboxError(f"docker exec {self.exec_id} did not report an exit code")
-
-    def _await_exit(self, timeout: float | None) -> bool:
-        return self._sock.closed or self._ended(timeout)  # closed: waited for before
-
-    def _drain(self) -> tuple[bytes, bytes]:
-        """What the exec stream carried (once: it is closed after), and the exit code."""
-        if self._sock.closed:
-            return b"", b""
-        out_err = self._read_stream()
-        self.close_stream()
-        with self._lock:
-            if self._code is None:
-                self._code = self._reported_exit_code()
-        return out_err
-
-    def _ended_code(self) -> int:
-        self._drain()
-        assert self._code is not None, "_drain reads the exit code"
-        return self._code
-
-    def _output(self) -> tuple[str, str]:
-        self._drain()  # a background job's output is in its files, not on the stream
-        return self._box._read_text(self.stdout_path), self._box._read_text(self.stderr_path)
-
-    def _finish(self, timeout: float | None) -> tuple[bytes, bytes]:
-        """`exec`'s wait: the command's output is what its stream carried."""
-        if not self._await_exit(timeout):
-            self._timed_out = True
-            self.kill()
-        return self._drain()
-
-    def close_stream(self) -> None:
-        """Close the exec's connection to the daemon (SocketIO.close leaves the socket open)."""
-        response = getattr(self._sock, "_response", None)
-        if response is not None:
-            response.close()  # first: it flushes the file objects over the socket
-        self._sock.close()
-        raw = getattr(self._sock, "_sock", None)
-        if raw is not None:
-            raw.close()
-
-    def poll(self) -> int | None:
-        with self._lock:
-            if self._code is None:
-                self._code = self._inspect_exit()
-            return self._code
-
-
-    def kill(self) -> None:
-        """Kill the command and everything carrying its mark, then wait for the wrapper."""
-        if self._box._closed:
-            return
-        self._box._kill_marked(procs.JOB_MARKER, self.id)
-        if not self._sock.closed and self._ended(10):
-            with self._lock:
-                if self._code is None:
-                    self._code = self._reported_exit_code()
 
 
 # -- the sandbox -----------------------------------------------------------------------------
@@ -406,7 +235,7 @@ class DockerSandbox(Sandbox):
                 repo = _tar_tree(Path(spec.repo), f"{self.id}/work")
                 self.container.put_archive("/sandbox", repo)
             if spec.workdir is not None:
-                check = self.container.exec_run(["sh", "-c", _CHECK_WORKDIR, "sh", self.workdir])
+                check = self.container.exec_run(["sh", "-c", CHECK_WORKDIR, "sh", self.workdir])
                 if check.exit_code != 0:
                     said = check.output.decode(errors="replace").strip()[-500:]
                     raise SandboxError(
@@ -442,7 +271,7 @@ class DockerSandbox(Sandbox):
         self._may_have_processes = True
         job_id = uuid.uuid4().hex
         stderr_path = stdout_path + ".stderr"
-        argv = ["sh", "-c", _WRAPPER, "sh", job_id, stdout_path, stderr_path, stdin_path]
+        argv = ["sh", "-c", WRAPPER, "sh", job_id, stdout_path, stderr_path, stdin_path]
         started = time.monotonic()
         try:
             exec_id = self._api.exec_create(
@@ -462,13 +291,13 @@ class DockerSandbox(Sandbox):
         upgraded the stream, which can be before containerd has spawned the process: a
         `kill_processes()` right after `start()` then found nothing, and the command started
         after it (grade_alone's docker attack was graded `passed`, 1 run at a load of 23)."""
-        deadline = time.monotonic() + _PROCESS_START_S
+        deadline = time.monotonic() + PROCESS_START_S
         while True:
             info = self._api.exec_inspect(exec_id)
             if info.get("Pid") or info.get("ExitCode") is not None:
                 return
             if time.monotonic() > deadline:
-                raise SandboxError(f"{command!r} did not start within {_PROCESS_START_S:g} s")
+                raise SandboxError(f"{command!r} did not start within {PROCESS_START_S:g} s")
             time.sleep(0.005)
 
     def _kill_marked(self, marker: str, value: str) -> None:
@@ -476,7 +305,7 @@ class DockerSandbox(Sandbox):
         with self._lock:
             if self._closed:
                 return
-            self.container.exec_run(["sh", "-c", _KILL_MARKED, "sh", marker, value])
+            self.container.exec_run(["sh", "-c", KILL_MARKED, "sh", marker, value])
 
     def _read_text(self, path: str) -> str:
         """The file's last `OUTPUT_LIMIT_BYTES` as text ("" if it cannot be read)."""
@@ -616,7 +445,7 @@ class DockerSandbox(Sandbox):
         said, code = "", 1
         for _ in range(50):  # the exec needs a free pid: a fork bomb may hold every one
             try:
-                done = self.container.exec_run(["sh", "-c", _KILL_ALL])
+                done = self.container.exec_run(["sh", "-c", KILL_ALL])
             except _docker().errors.APIError as exc:
                 said, code = str(exc), 1
                 if self._stopped():
