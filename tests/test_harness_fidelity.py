@@ -144,18 +144,22 @@ def test_numbers_a_javascript_cli_reserializes_keep_one_agent_segment(cli: str,
 
 
 @pytest.mark.slow
-def test_opencode_and_the_oracle_pass_every_builtin_task() -> None:
+def test_opencode_and_the_oracle_pass_the_builtin_tasks_an_argument_parser_could_misread():
     """Five built-in tasks hold a piece starting with "-"; passed as an argument, OpenCode showed
-    the model a quoted, escaped text and the oracle failed slugs-40. Three envs at once, each
-    with its share of the tasks (`support.parallel`)."""
+    the model a quoted, escaped text and the oracle failed slugs-40. Every built-in task whose
+    statement holds a piece a CLI's argument parser treats apart ("-" a flag, "@" a file, "/" a
+    command) runs here; the other six have nothing of that kind, and the oracle's solving them
+    through OpenCode is `test_harness_episodes`' part. Three envs at once, each with its share
+    of the tasks (`support.parallel`)."""
     import gymnasium as gym
 
     import harness_gym  # noqa: F401
     from harness_gym.tasks.loader import load_tasks
 
     _installed("opencode")
-    tasks = load_tasks("builtin")
-    assert len(tasks) == 13
+    tasks = [t for t in load_tasks("builtin")
+             if any(piece[0] in "-@/" for piece in t.problem_statement.split())]
+    assert len(tasks) == 7
 
     def solve(share):
         seen = []
