@@ -10,14 +10,11 @@ from __future__ import annotations
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _processes as procs
 from .base import Job, SandboxError
 from .local import OUTPUT_LIMIT_BYTES
-
-if TYPE_CHECKING:
-    from .docker import DockerSandbox
 
 # Runs one command: marks it, sends its output to files, and (emit=1, for `exec`) writes the
 # files to the exec stream once it has exited. The mark is set on the command only, so killing
@@ -90,10 +87,21 @@ true
 """
 
 
+class _Container(Protocol):
+    """What a job needs of its `DockerSandbox` (a protocol: `docker` imports this module)."""
+
+    _api: Any
+    _closed: bool
+
+    def _kill_marked(self, marker: str, value: str) -> None: ...
+
+    def _read_text(self, path: str) -> str: ...
+
+
 class DockerJob(Job):
     """A command run by `docker exec` under the wrapper; its exec stream ends when it exits."""
 
-    def __init__(self, box: DockerSandbox, exec_id: str, sock: Any, job_id: str,
+    def __init__(self, box: _Container, exec_id: str, sock: Any, job_id: str,
                  stdout_path: str, stderr_path: str, started: float) -> None:  # fmt: skip
         self._box = box
         self.exec_id = exec_id
