@@ -237,12 +237,7 @@ def test_the_same_fix_made_twice_in_a_history_is_one_task(history, tmp_path):
 def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_path):
     # As cachetools 7.3.3's test did on 7.3.2 (a loop growing a list until the memory limit's
     # SIGKILL): no per-test report, so every test would have looked like a FAIL_TO_PASS.
-    repo = tmp_path / "calc"
-    shutil.copytree(history, repo)
-    _commit(repo, "calc: double", {
-        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
-                                                              "    return 2 * x\n",
-        "tests/test_double.py": """\
+    repo = _history_adding_double(history, tmp_path, """\
             import os
             import signal
 
@@ -254,7 +249,7 @@ def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_
 
             def test_double():
                 assert calc.core.double(2) == 4
-            """})
+            """)
     summary = make_tasks(git=repo, n=5, out=tmp_path / "mined", progress=False)
     assert summary.kept == 1 and summary.rejected == {"no_tests": 1, "no_fail_to_pass": 1,
                                                       "killed": 1}, summary
@@ -263,12 +258,7 @@ def test_a_commit_whose_tests_kill_the_suite_before_it_is_rejected(history, tmp_
 def test_a_commit_whose_new_tests_flip_a_coin_is_rejected_as_flaky(history, tmp_path):
     # As cachetools 7.1.7's RRCache test (random eviction), kept when each side ran once:
     # 16 coins, each run twice with the fix and twice without; all agreeing has odds of 4**-16.
-    repo = tmp_path / "calc"
-    shutil.copytree(history, repo)
-    _commit(repo, "calc: double", {
-        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
-                                                              "    return 2 * x\n",
-        "tests/test_double.py": """\
+    repo = _history_adding_double(history, tmp_path, """\
             import random
 
             import pytest
@@ -283,7 +273,7 @@ def test_a_commit_whose_new_tests_flip_a_coin_is_rejected_as_flaky(history, tmp_
             @pytest.mark.parametrize("draw", range(16))
             def test_lucky_draw(draw):
                 assert random.random() < 0.5
-            """})
+            """)
     summary = make_tasks(git=repo, n=5, out=tmp_path / "mined", progress=False)
     assert summary.kept == 1 and summary.rejected == {"no_tests": 1, "no_fail_to_pass": 1,
                                                       "flaky": 1}, summary
@@ -363,6 +353,17 @@ MEDIAN_TESTS = """\
     def test_odd():
         assert median([3, 1, 2]) == 2
     """
+
+
+def _history_adding_double(history: Path, tmp_path: Path, test_double: str) -> Path:
+    """A copy of `history` with one more commit: `calc.core.double` and `test_double`'s text."""
+    repo = tmp_path / "calc"
+    shutil.copytree(history, repo)
+    _commit(repo, "calc: double", {
+        "calc/core.py": (repo / "calc/core.py").read_text() + "\n\ndef double(x):\n"
+                                                              "    return 2 * x\n",
+        "tests/test_double.py": test_double})
+    return repo
 
 
 def _stats_repo(root: Path) -> Path:
