@@ -40,12 +40,16 @@ class TaskValidation:
     # test -> its status in each run (the gold runs; the unfixed runs when only those differ)
     flaky: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    unfixed: GradeResult | None = None  # the (first) run without the gold patch (check_unfixed)
-    unfixed_runs: list[GradeResult] = field(default_factory=list)
+    unfixed_runs: list[GradeResult] = field(default_factory=list)  # check_unfixed's runs
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def unfixed(self) -> GradeResult | None:
+        """The first run without the gold patch (None without `check_unfixed`)."""
+        return self.unfixed_runs[0] if self.unfixed_runs else None
 
 
 def validate_task(
@@ -67,7 +71,6 @@ def validate_task(
     if check_unfixed:
         report.unfixed_runs = [_grade_once(task, backend, None, timeout_s, env)
                                for _ in range(max(1, unfixed_runs))]  # fmt: skip
-        report.unfixed = report.unfixed_runs[0]
         passing = [t for t in task.FAIL_TO_PASS
                    if any(r.tests.get(t) == TestStatus.PASSED for r in report.unfixed_runs)]
         broken = [t for t in task.PASS_TO_PASS
