@@ -429,13 +429,15 @@ def test_the_worker_runs_its_groups_on_the_ray_executor():
 
     # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
     # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
-    # The worker starts the executor from the factory, and closes it at stop().
+    # The worker starts the executor from the factory, and closes it at stop(). One group only:
+    # the Ray executor has no stop_running, so stop() would wait out a second group's episodes.
     config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
     cluster = RayCluster(init_kwargs={
         "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
     groups: list[tuple[list[EpisodeResult], list[Any]]] = []
     worker = HarnessRolloutWorker(
         "builtin", group_size=2, groups_in_flight=1, executor=cluster, config=config,
+        max_groups_per_version=1,
         on_group=lambda results, samples: groups.append((results, samples)))
     try:
         worker.start()

@@ -2,9 +2,10 @@
 
 One module-scoped pair of steps (threads, then Ray, same seed) backs the comparisons; the Ray
 env's `close()` is checked to leave no actor, no process of the cluster it started and no
-runner workspace behind. Then, one local node each: a runner that crashes mid-step, a runner
-that cannot start, two envs sharing one connection, the TRL path. A real multi-node cluster
-(nodes lost, frozen, joining; two envs) is tests/test_ray_cluster.py.
+runner workspace behind. Then, on one running node (`ray start`) that each test connects to: a
+runner that crashes mid-step, a runner that cannot start, two envs sharing one connection, a
+connection the caller opened, the TRL path. A real multi-node cluster (nodes lost, frozen,
+joining; two envs) is tests/test_ray_cluster.py.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from harness_gym.scaleout.ray_cluster import RayCluster
 from harness_gym.scaleout.ray_executor import ACTOR_NAMESPACE, RayEpisodeExecutor
 from harness_gym.scaleout.ray_placement import RayPlacementError
 from harness_gym.tasks.loader import load_tasks
+from support.ray_cluster import one_node_cluster
 
 ray = pytest.importorskip("ray", reason="executor='ray' needs Ray: pip install 'harness-gym[ray]'")
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
 LOCAL_CLUSTER = {"num_cpus": 2, "resources": {"rollout": 1}, "include_dashboard": False,
                  "log_to_driver": False}
+JOIN = {"log_to_driver": False}  # ray.init keywords joining `ray_address`: CLI logs stay there
 ROLLOUT_SLOT = {"resources": {"rollout": 1}}  # each runner takes the cluster's one rollout slot
 VERSIONS = np.array([3, 4])
 
@@ -124,6 +127,13 @@ def steps():
     return {"threads": threads, "ray": on_ray}
 
 
+@pytest.fixture(scope="module")
+def ray_address():
+    """A running node like `LOCAL_CLUSTER`, for the tests that are not about starting one."""
+    with one_node_cluster(num_cpus=2, resources={"rollout": 1}) as cluster:
+        yield cluster.address
+
+
 def test_ray_runs_the_same_tasks_to_the_same_outcomes_and_rewards_as_threads(steps):
     threads, on_ray = steps["threads"]["infos"], steps["ray"]["infos"]
     assert on_ray["task_id"].tolist() == threads["task_id"].tolist()
@@ -183,8 +193,9 @@ def test_the_executor_logs_where_each_episode_ran(steps):
     assert all(p.nodes == (node["node_id"],) and p.called for p in placements)
 
 
-def test_close_on_a_cluster_the_caller_started_kills_the_actors_and_leaves_ray_up(steps):
-    ray.init(**LOCAL_CLUSTER)
+def test_close_on_a_connection_the_caller_opened_kills_the_actors_and_leaves_ray_up(
+        steps, ray_address):
+    ray.init(address=ray_address, **JOIN)
     try:
         envs = make_vec(executor="ray")
         envs.reset(seed=0)
@@ -227,8 +238,8 @@ TRAINER = SimpleNamespace(  # what rollout_func reads of a GRPOTrainer
     args=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=None, max_completion_length=4096))
 
 
-def test_the_trl_rollout_func_runs_its_episodes_on_the_executor_it_is_given():
-    cluster = RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0)
+def test_the_trl_rollout_func_runs_its_episodes_on_the_executor_it_is_given(ray_address):
+    cluster = RayCluster(address=ray_address, init_kwargs=JOIN, poll_s=1.0)
     with make_rollout_func(harness="pi", engine="oracle", tasks="builtin",
                            executor=cluster) as rollout:
         assert rollout.executor is cluster
@@ -255,12 +266,12 @@ def test_the_trainers_in_process_model_cannot_serve_a_ray_executor():
         make_rollout_func(harness="pi", executor="ray")
 
 
-def test_a_runner_that_cannot_start_fails_start_up_with_its_reason():
+def test_a_runner_that_cannot_start_fails_start_up_with_its_reason(ray_address):
     config = EpisodeConfig(harness="pi", engine="hf:/no/such/model", progress=False)
     started = time.monotonic()
     with pytest.raises(RayPlacementError) as raised:
         RayEpisodeExecutor(config, max_episodes_per_node=1,
-                           cluster=RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0))
+                           cluster=RayCluster(address=ray_address, init_kwargs=JOIN, poll_s=1.0))
     message = str(raised.value)
     assert "no Ray node runner could start:" in message  # at once, not at start_timeout_s
     assert "its runner failed: could not start:" in message and "/no/such/model" in message
@@ -279,12 +290,13 @@ def wait_for(predicate, what: str, timeout: float = 240.0):
 
 
 @pytest.fixture(scope="module")
-def crash():
+def crash(ray_address):
     """An env and, beside it, an executor built as an async rollout worker builds one (no
-    vector env, requests submitted directly) share one local node and one Ray connection. The
+    vector env, requests submitted directly) share one node and one Ray connection. The
     env's runner is SIGKILLed mid-step (its process, not its node); the env steps again, then
     closes; the executor runs an episode after that, then closes."""
-    env = make_vec(executor=RayCluster(init_kwargs=LOCAL_CLUSTER, poll_s=1.0, retry_s=1.0))
+    env = make_vec(executor=RayCluster(address=ray_address, init_kwargs=JOIN, poll_s=1.0,
+                                       retry_s=1.0))
     executor = None
     try:
         env.reset(seed=0)

@@ -9,7 +9,8 @@ deadline of 35 s). Then, chapter by chapter, it does what the tests assert on: a
 over nodes; a third env that cannot fit; node `b` killed mid-step; a step on the live node
 only; `c` joins and gets work; `c` frozen while B's episode there talks to the model (B's
 deadline ends it) and A, not knowing yet, sends it an episode that cannot start (re-run on `a`
-once `c` is gone); everything closed; a driver that exits without `close()`. Every chapter
+once `c` is gone); a driver that exits without `close()`, its runner on the head (started while
+B waits out its deadline, the story's one idle stretch); everything closed. Every chapter
 records what it saw, or its traceback, and the next one runs anyway.
 
 It runs as its own process (not inside pytest) because a driver is one: Ray allows one
@@ -40,6 +41,20 @@ EPISODE = {"harness": "pi", "engine": "oracle", "progress": False}
 # `timeout`, allowed, never `infra_error`), and c's runner silent for more than `poll_s` + 15 s
 # by then (its first model call, after which c freezes, comes ~10 s after the send at load 14).
 B_DEADLINE = {"episode_timeout_s": 18.0, "test_timeout_s": 12.0, "deadline_margin_s": 5.0}
+# A driver that crashes once its env is up: no close(), no atexit. Its runner goes on the node
+# named by argv[2] (the head: the rollout slots are all held when it runs).
+ORPHAN_DRIVER = textwrap.dedent("""
+    import json, os, sys
+    import gymnasium as gym, harness_gym
+    from harness_gym.scaleout.ray_cluster import RayCluster
+    envs = gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point",
+                        num_envs=1, harness="pi", engine="oracle", progress=False,
+                        executor=RayCluster(address=sys.argv[1], poll_s=1.0,
+                                            node_labels={"ray.io/node-id": sys.argv[2]}))
+    envs.reset(seed=0)
+    print(json.dumps(envs.unwrapped.executor.nodes), flush=True)
+    os._exit(0)
+""")
 
 
 def wait_for(predicate, what: str, timeout: float = 240.0, every: float = 0.2):
@@ -60,6 +75,7 @@ class Story:
         self.runners_seen: dict[str, dict[str, Any]] = {}  # every runner any env reported
         self.envs: dict[str, Any] = {}
         self.nodes: list[RayNode] = []
+        self.orphan: subprocess.Popen[str] | None = None
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -156,7 +172,7 @@ class Story:
     def run(self) -> dict[str, Any]:
         try:
             for chapter in (self.start, self.spread, self.share, self.kill, self.live_only,
-                            self.join, self.freeze, self.close, self.orphan_driver):
+                            self.join, self.freeze, self.orphan_driver, self.close):
                 started = time.monotonic()
                 try:
                     chapter()
@@ -167,6 +183,8 @@ class Story:
                 if "start" in self.facts["errors"]:
                     break  # no cluster: every later chapter would wait out its timeouts
         finally:
+            if self.orphan is not None and self.orphan.poll() is None:
+                self.orphan.kill()
             for envs in self.envs.values():
                 try:
                     envs.close()
@@ -201,7 +219,7 @@ class Story:
 
         started = time.monotonic()
         try:
-            self.make_env("C", start_timeout_s=5.0).reset(seed=0)
+            self.make_env("C", start_timeout_s=1.0).reset(seed=0)
         except RayPlacementError as exc:
             fact["third_env_error"] = str(exc)
         fact["third_env_s"] = time.monotonic() - started
@@ -239,6 +257,7 @@ class Story:
         # cannot start there, so it is lost before its first model call when c goes.
         a_thread, a_box = self.step_in_background("A")
         wait_for(lambda: self.in_flight_on("A", self.c), "an episode of A sent to c")
+        self.start_orphan_driver()  # it starts up while B waits out its deadline
         b_step = self.finish(b_thread, b_box)
         returned = time.monotonic()
         import ray
@@ -272,26 +291,22 @@ class Story:
             "alive": [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"],
             "left": {n.name: self.wait_clean(n, timeout=30) for n in self.nodes}}
 
+    def start_orphan_driver(self) -> None:
+        self.orphan = subprocess.Popen(
+            [sys.executable, "-c", ORPHAN_DRIVER, self.cluster.address, self.head.node_id],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **self.cluster.env})
+
     def orphan_driver(self) -> None:
-        code = textwrap.dedent("""
-            import json, os, sys
-            import gymnasium as gym, harness_gym
-            from harness_gym.scaleout.ray_cluster import RayCluster
-            envs = gym.make_vec("HarnessSWE-v0", vectorization_mode="vector_entry_point",
-                                num_envs=1, harness="pi", engine="oracle", progress=False,
-                                executor=RayCluster(address=sys.argv[1], poll_s=1.0,
-                                                    actor_options={"resources": {"rollout": 1}}))
-            envs.reset(seed=0)
-            print(json.dumps(envs.unwrapped.executor.nodes), flush=True)
-            os._exit(0)  # no close(), no atexit: a driver that crashed
-        """)
-        done = subprocess.run([sys.executable, "-c", code, self.cluster.address],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, **self.cluster.env})
-        nodes = json.loads(done.stdout.strip().splitlines()[-1])
+        if self.orphan is None:  # the freeze chapter failed before starting it
+            self.start_orphan_driver()
+        out, err = self.orphan.communicate(timeout=300)
+        if self.orphan.returncode != 0:
+            raise RuntimeError(f"the orphan driver failed:\n{err[-4000:]}")
+        nodes = json.loads(out.strip().splitlines()[-1])
         self.facts["orphan_driver"] = {
             "runner_nodes": sorted(self.name(n["node_id"]) for n in nodes),
-            "workspaces": [n["workspace"] for n in nodes], "left": self.wait_clean(self.a)}
+            "workspaces": [n["workspace"] for n in nodes], "left": self.wait_clean(self.head)}
 
 
 def _state(pid: int) -> str:
