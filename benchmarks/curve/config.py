@@ -101,11 +101,12 @@ PRESETS: dict[str, CurveConfig] = {
     # The tiny random model on a real vLLM server: proves every stage runs and computes its
     # metrics (two GRPO steps per arm, so each arm has a point along its run), through LoRA
     # and the nucleus as the full run trains and samples, with the fewest episodes that still
-    # give every metric (groups of 2, one sample per instance; 3 demonstrations, one held out
-    # and measured at each of SFT's 2 checkpoints: its tests take their counts from here).
+    # give every metric (groups of 2, one held-out instance and one calibration task, one
+    # sample each; 3 demonstrations, one held out and measured at each of SFT's 2 checkpoints:
+    # its tests take their counts from here).
     "quick": CurveConfig(mode="quick", policy="tiny-vllm", teacher="teacher:tiny,score=0",
-                         vllm_kv_cache_gib=1, n_demo_tasks=3, sft_save_steps=1,
-                         sft_val_fraction=0.34, lora_rank=4, calib_samples=1,
+                         vllm_kv_cache_gib=1, n_demo_tasks=3, n_heldout=1, sft_save_steps=1,
+                         sft_val_fraction=0.34, lora_rank=4, n_calib_tasks=1, calib_samples=1,
                          lr_sweep="1e-4,1e-3", lr_sweep_steps=1, grpo_learning_rate=0.0,
                          grpo_steps=2, grpo_group_size=2, grpo_top_p=0.95, grpo_top_k=50,
                          grpo_eval_every=1, grpo_arms="gated,nopenalty,flat",
