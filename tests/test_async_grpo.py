@@ -430,7 +430,7 @@ def test_the_worker_runs_its_groups_on_the_ray_executor():
     # Ray ships the engine as a spec string (an in-process engine cannot follow its weights to
     # the actors: on a cluster that is `vllm:URL`); the oracle passes, so every episode counts.
     # The worker starts the executor from the factory, and closes it at stop(). One group only:
-    # the Ray executor has no stop_running, so stop() would wait out a second group's episodes.
+    # a second one would be stopped mid-run (test_async_resume has stop() on Ray).
     config = EpisodeConfig.build(harness="pi", engine="oracle", progress=False)
     cluster = RayCluster(init_kwargs={
         "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})

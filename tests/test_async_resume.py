@@ -195,3 +195,46 @@ def test_stop_ends_an_episode_hung_in_flight_at_once_as_an_infra_error(tiny, tmp
     assert _processes_with(marker) == []
     assert list(temp.iterdir()) == []
     assert not [t for t in threading.enumerate() if t.name.startswith("harness-episode")]
+
+
+@pytest.mark.slow
+def test_stop_on_ray_ends_an_episode_held_mid_stream_at_once_as_an_infra_error(tiny):
+    """The Ray twin: the worker's executor stops each node's running episodes (`stop_running`)
+    instead of closing only after `stop_timeout_s`. The policy is the tiny model behind vLLM's
+    wire protocol (`VLLMWireServer`, a fake of the wire only: a real server cannot be held
+    mid-stream on cue), reached by the node's runner as a spec string; it holds Pi's stream
+    after one token, so the episode would run to its 600 s timeout."""
+    if shutil.which("npm") is None:
+        pytest.skip("Pi installs with npm")
+    ray = pytest.importorskip("ray", reason="executor='ray' needs Ray")
+    from support.vllm_wire_server import VLLMWireServer
+
+    from harness_gym.config import EpisodeConfig
+    from harness_gym.scaleout.ray_cluster import RayCluster
+
+    with VLLMWireServer(tiny, logprobs_mode="processed_logprobs") as server:
+        server.hold(after_tokens=1)
+        config = EpisodeConfig.build(
+            harness="pi", engine=f"vllm:{server.url}?tokenizer=tiny", sampling={"max_tokens": 64},
+            episode_timeout_s=600, progress=False)
+        cluster = RayCluster(init_kwargs={
+            "num_cpus": 2, "include_dashboard": False, "log_to_driver": False})
+        worker = HarnessRolloutWorker("builtin", group_size=1, groups_in_flight=1,
+                                      executor=cluster, config=config, stop_timeout_s=300)
+        try:
+            worker.start()
+            deadline = time.monotonic() + 300
+            while not server.calls:  # Pi's call reached the server, which holds its stream
+                worker.check_health(300)
+                assert time.monotonic() < deadline, "Pi never called the model"
+                time.sleep(0.2)
+        finally:
+            started = time.monotonic()
+            worker.stop()
+            stop_s = time.monotonic() - started
+            server.release()
+    assert stop_s < 60, f"stop() took {stop_s:.0f}s"  # before stop_running: stop_timeout_s
+    (stopped,) = [e for e in worker.events if e["kind"] == "group_stopped"]
+    assert stopped["outcomes"] == ["infra_error"]
+    assert worker.counts["episodes_stopped"] == 1 and worker.rollout_buffer.empty()
+    assert not ray.is_initialized()  # the executor it built is closed, its Ray shut down

@@ -1,13 +1,14 @@
 """Where a vector step's episodes run: the `EpisodeExecutor` protocol and its local threads.
 
-`HarnessVectorEnv` hands every episode of a step to an executor and gathers the futures; it does
-not know where they run. `ThreadEpisodeExecutor` runs them on threads in this process around one
-`EpisodeStack` (one engine, one proxy); `ray_executor.RayEpisodeExecutor` runs them on Ray actors, one stack per node. Both are built from the same `EpisodeConfig`.
+`HarnessVectorEnv` hands every episode of a step to an executor and gathers the futures; it does not
+know where they run. `ThreadEpisodeExecutor` runs them on threads in this process around one
+`EpisodeStack` (one engine, one proxy); `ray_executor.RayEpisodeExecutor` runs them on Ray actors,
+one stack per node. Both are built from the same `EpisodeConfig`.
 
-Which one an env uses is an `ExecutorFactory`, named by the env's `executor=` argument:
-`"threads"` (`LocalThreads()`), `"ray"` (`RayCluster()`: a local cluster), a
-`RayCluster(address=..., actor_options=..., node_labels=...)` (every Ray setting lives there), or
-anything with a `start(config, *, max_workers)` method. Code that builds envs on a user's behalf (the TRL
+Which one an env uses is an `ExecutorFactory`, named by the env's `executor=` argument: `"threads"`
+(`LocalThreads()`), `"ray"` (`RayCluster()`: a local cluster), a `RayCluster(address=...,
+actor_options=..., node_labels=...)` (every Ray setting lives there), or anything with a
+`start(config, *, max_workers)` method. Code that builds envs on a user's behalf (the TRL
 integration, a trainer) takes the same value and passes it through.
 
     >>> from harness_gym import RayCluster

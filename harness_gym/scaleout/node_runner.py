@@ -11,9 +11,10 @@ Two things only a runner on its node can do:
   long poll that also serves as the runner's heartbeat), the keys of the episodes whose proxy
   session has seen a call. When the node is lost, the executor re-runs the episodes that had
   none (nothing of the policy was spent on them) and reports the others as `infra_error`.
-- **Leave nothing behind.** Its files live in a `RunnerWorkspace` (`harness_gym.scaleout.runner_workspace`)
-  whose guard kills its CLIs and removes the directory when the runner's process dies, however
-  it dies; starting a runner reaps what dead runners left on the node.
+- **Leave nothing behind.** Its files live in a `RunnerWorkspace`
+  (`harness_gym.scaleout.runner_workspace`) whose guard kills its CLIs and removes the directory
+  when the runner's process dies, however it dies; starting a runner reaps what dead runners
+  left on the node.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ class NodeRunner:
                     running = sorted(self._sessions)
                 return {"running": running, "called": sorted(called)}
             self._closed.wait(WATCH_TICK_S)
+
+    def stop_running(self) -> None:
+        """End this node's running episodes now and every later one before it starts
+        (`EpisodeStack.stop_running`: each an `infra_error`, its CLI killed)."""
+        self.stack.stop_running()
 
     def close(self) -> None:
         """Release the stack (proxy, sandboxes, engine), then the workspace and its guard."""

@@ -1,8 +1,9 @@
 """`RayCluster`: where a vector env's episodes run on Ray, and how the executor treats the cluster.
 
-The user's side of `ray_executor` (which imports this record, never the other way): which cluster, which nodes (labels, resources),
-what each node runner asks for, and the executor's clocks. A plain frozen record, so it can be
-built, checked and passed around (the TRL integration, an async trainer) without Ray installed.
+The user's side of `ray_executor` (which imports this record, never the other way): which cluster,
+which nodes (labels, resources), what each node runner asks for, and the executor's clocks. A plain
+frozen record, so it can be built, checked and passed around (the TRL integration, an async trainer)
+without Ray installed.
 
     >>> from harness_gym.config import EpisodeConfig
     >>> cluster = RayCluster(address="auto", actor_options={"resources": {"rollout": 1}},

@@ -17,11 +17,11 @@ runs it on a real multi-node cluster on one machine; docs/scale-out.md is the ho
 `executor="ray"` is `RayCluster()` (a local cluster, or `ray_address=` to join one); see
 `harness_gym.scaleout.ray_cluster` for every choice.
 
-Why one actor per node and not one Ray task per episode: an episode is a CLI subprocess that
-talks HTTP to a proxy on loopback, and a proxy is worth starting once, not per episode; see
-`harness_gym.scaleout.node_runner`. The engine travels as a spec string and each runner loads it itself:
-on a real cluster `vllm:URL`, so every node samples from the servers the trainer updates. A task's
-`repo_dir` must exist at the same path on every node (an installed package, a shared
+Why one actor per node and not one Ray task per episode: an episode is a CLI subprocess that talks
+HTTP to a proxy on loopback, and a proxy is worth starting once, not per episode; see
+`harness_gym.scaleout.node_runner`. The engine travels as a spec string and each runner loads it
+itself: on a real cluster `vllm:URL`, so every node samples from the servers the trainer updates. A
+task's `repo_dir` must exist at the same path on every node (an installed package, a shared
 filesystem); JSONL rows run in container images and need nothing local.
 
 What the executor does, on one thread of its own (every change of state happens there; `submit`,
@@ -189,6 +189,13 @@ class RayEpisodeExecutor:
     def engine(self) -> Engine:
         raise AttributeError("with executor='ray' each node's runner loads its own engine")
 
+    def stop_running(self) -> None:
+        """End the running episodes now: each node's runner stops its own (its CLIs killed,
+        an `infra_error` within about a second, as with threads); queued ones never start.
+        For a trainer that is stopping: the executor is closed next."""
+        if not self._closed:
+            self._ask(self._stop_running)
+
     def close(self) -> None:
         """Release every answering runner's stack, kill all runners, disconnect from Ray if
         executors connected (and this is the last). Pending episodes become `infra_error`.
@@ -313,7 +320,7 @@ class RayEpisodeExecutor:
         name = f"node-runner-{self._id}-{node_id[:12]}-{next(self._keys)}"
         actor = self._remote.options(
             name=name, namespace=ACTOR_NAMESPACE, max_restarts=0,
-            # +2: watch() and close() never queue behind a full node's episodes
+            # +2: watch() and close() (or stop_running()) never queue behind a full node's episodes
             max_concurrency=self._capacity + 2,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             **{"num_cpus": 1, **self.cluster.actor_options},
@@ -447,6 +454,14 @@ class RayEpisodeExecutor:
                         else f"after {len(episode.nodes)} tries")
                 self._resolve(episode, self._infra_error(
                     episode, f"lost with Ray node {node[:12]} {when}: {why}"))
+
+    def _stop_running(self) -> None:
+        for episode in self._queue:
+            self._resolve(episode, self._infra_error(episode, "stopped before it started"))
+        self._queue.clear()
+        for runner in self._runners.values():
+            if runner.info is not None:  # a runner still starting has no episode yet
+                runner.actor.stop_running.remote()  # the actor's spare thread takes it
 
     def _kill(self, runner: _Runner) -> None:
         try:

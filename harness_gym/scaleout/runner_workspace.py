@@ -29,9 +29,9 @@ import json
 import os
 import select
 import shutil
-import stat
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile

@@ -184,7 +184,8 @@ class VLLMWireServer:
 
     def hold(self, after_tokens: int) -> None:
         """Streams deliver `after_tokens` tokens, then wait for `release()` (a slow generation
-        that a test can act during)."""
+        that a test can act during). The engine's probes are never held: a server held before
+        an engine starts still lets it start."""
         self.hold_after_tokens = after_tokens
         if self._loop is not None and self._released is not None:
             asyncio.run_coroutine_threadsafe(_clear(self._released), self._loop).result(5)
@@ -290,7 +291,7 @@ class VLLMWireServer:
         stream = self.engine.stream(prompt, sampling)
         try:
             async for chunk in stream:
-                if self.hold_after_tokens is not None and \
+                if self.hold_after_tokens is not None and not record.is_probe and \
                         len(record.token_ids) >= self.hold_after_tokens:
                     assert self._released is not None
                     await self._released.wait()
