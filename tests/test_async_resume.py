@@ -151,6 +151,22 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+def _wait_while_running(worker: HarnessRolloutWorker, condition: Any, never: str) -> None:
+    """Poll `condition()` until it holds, the worker staying healthy (at most 300 s)."""
+    deadline = time.monotonic() + 300
+    while not condition():
+        worker.check_health(300)
+        assert time.monotonic() < deadline, never
+        time.sleep(0.2)
+
+
+def _timed_stop(worker: HarnessRolloutWorker) -> float:
+    """`worker.stop()`, and the seconds it took."""
+    started = time.monotonic()
+    worker.stop()
+    return time.monotonic() - started
+
+
 @pytest.mark.slow
 def test_stop_ends_an_episode_hung_in_flight_at_once_as_an_infra_error(tiny, tmp_path,
                                                                       monkeypatch):
@@ -176,16 +192,11 @@ def test_stop_ends_an_episode_hung_in_flight_at_once_as_an_infra_error(tiny, tmp
         "builtin", group_size=1, groups_in_flight=1, harness="pi", engine=engine,
         sampling={"max_tokens": 64}, episode_timeout_s=600)
     worker.start()
-    try:
-        deadline = time.monotonic() + 300
-        while not _processes_with(marker):  # the episode is hung in its tool call
-            worker.check_health(300)
-            assert time.monotonic() < deadline, "the agent never ran its command"
-            time.sleep(0.2)
+    try:  # the episode is hung in its tool call
+        _wait_while_running(worker, lambda: _processes_with(marker),
+                            "the agent never ran its command")
     finally:
-        started = time.monotonic()
-        worker.stop()
-        stop_s = time.monotonic() - started
+        stop_s = _timed_stop(worker)
     assert called.is_set()
     assert stop_s < 60, f"stop() took {stop_s:.0f}s"  # the episode's timeout is 600 s
     (stopped,) = [e for e in worker.events if e["kind"] == "group_stopped"]
@@ -223,15 +234,10 @@ def test_stop_on_ray_ends_an_episode_held_mid_stream_at_once_as_an_infra_error(t
                                       executor=cluster, config=config, stop_timeout_s=300)
         try:
             worker.start()
-            deadline = time.monotonic() + 300
-            while not server.calls:  # Pi's call reached the server, which holds its stream
-                worker.check_health(300)
-                assert time.monotonic() < deadline, "Pi never called the model"
-                time.sleep(0.2)
+            # Pi's call reached the server, which holds its stream
+            _wait_while_running(worker, lambda: server.calls, "Pi never called the model")
         finally:
-            started = time.monotonic()
-            worker.stop()
-            stop_s = time.monotonic() - started
+            stop_s = _timed_stop(worker)
             server.release()
     assert stop_s < 60, f"stop() took {stop_s:.0f}s"  # before stop_running: stop_timeout_s
     (stopped,) = [e for e in worker.events if e["kind"] == "group_stopped"]
