@@ -559,7 +559,10 @@ def test_a_sigterm_stops_the_clis_server_at_once_even_while_it_loads(tmp_path):
         assert _group_alive(group)
     finally:
         serving.terminate()  # SIGTERM, while the server still loads
+        signalled = time.monotonic()
         code = serving.wait(60)
+    # A loading engine core can hold off a SIGTERM for tens of seconds; the CLI kills it.
+    assert time.monotonic() - signalled < 20
     assert code == 0 and serving.stdout.read() == ""  # stopped in the load: no URL was printed
     assert not _group_alive(group)  # nothing of the server is left
 

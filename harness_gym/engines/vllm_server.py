@@ -40,6 +40,7 @@ from .vllm_install import find_vllm_python
 Progress = Callable[[str], None]
 STARTUP_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
+LOADING_STOP_TIMEOUT_S = 3.0
 _LOG_TAIL_LINES = 15
 
 
@@ -123,7 +124,9 @@ class VLLMServer:
             self._wait_healthy(started, progress)
         except BaseException:
             self._own_log = False  # the error names the log: keep it
-            self.stop()
+            # A loading server has nothing to finish, and its engine core can sit in a native
+            # call (weights, warm-up) that holds off a SIGTERM for tens of seconds.
+            self.stop(LOADING_STOP_TIMEOUT_S)
             raise
         self.startup_s = time.monotonic() - started
         return self
@@ -166,8 +169,8 @@ class VLLMServer:
         return None if self.process is None else self.process.pid
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after `timeout_s`, and wait
-        until none of its processes remains."""
+        """SIGTERM the server's process group, SIGKILL what is left `timeout_s` later, and
+        wait until none of its processes remains."""
         process, self.process = self.process, None
         if self._own_log:
             self.log_path.unlink(missing_ok=True)  # its lines stay readable to the process
@@ -180,12 +183,12 @@ class VLLMServer:
 
     def _stop_group(self, process: subprocess.Popen[bytes], timeout_s: float) -> None:
         group = process.pid  # start_new_session: the group id is the leader's pid
+        deadline = time.monotonic() + timeout_s
         _signal_group(group, signal.SIGTERM)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + timeout_s
         while _group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.2)  # the engine core exits after its parent
         if _group_alive(group) or process.poll() is None:
