@@ -244,9 +244,10 @@ class Pipeline:
         return [self.state.callback()] if self.state is not None else []
 
     def episode_config(self, engine: Any, temperature: float, max_tokens: int, *,
-                       seeded: bool = True) -> Any:
+                       seeded: bool = True, policy: bool = True) -> Any:
         """Episodes of `engine`; `seeded=False` for several samples of one instance (a seed
-        would make a server's samples of the same prompt identical)."""
+        would make a server's samples of the same prompt identical); `policy=False` for the
+        teacher's, which `max_model_calls` does not cap."""
         from harness_gym.config import EpisodeConfig
 
         c = self.config
@@ -258,6 +259,7 @@ class Pipeline:
         return EpisodeConfig(
             harness=c.harness, engine=engine, sandbox=c.sandbox,
             reward={"tool_penalty": c.tool_penalty}, episode_timeout_s=c.episode_timeout_s,
+            max_model_calls=(c.max_model_calls or None) if policy else None,
             sampling=sampling, progress=False)
 
     def tasks(self, suite: str, n: int, *, start: int = 0) -> list[Any]:
@@ -293,7 +295,7 @@ class Pipeline:
         try:
             episodes = run_tasks(
                 self.tasks(c.train_suite, c.n_demo_tasks),
-                self.episode_config(teacher, 0.0, c.demo_max_tokens),
+                self.episode_config(teacher, 0.0, c.demo_max_tokens, policy=False),
                 out_dir=self.stage_dir("demos") / "traces", num_envs=c.concurrent_episodes,
                 progress=self.progress, resume=True)
         finally:
@@ -439,6 +441,7 @@ class Pipeline:
         rollout = make_rollout_func(
             harness=c.harness, tasks=train_tasks, max_tokens=c.max_tokens, sandbox=c.sandbox,
             reward=reward, episode_timeout_s=c.episode_timeout_s,
+            max_model_calls=c.max_model_calls or None,
             dynamic_sampling=c.grpo_dynamic_draws or None, **served)
         logged = JournaledRollout(rollout, out, c.grpo_group_size)
         args = GRPOConfig(

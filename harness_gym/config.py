@@ -61,6 +61,10 @@ class EpisodeConfig:
       on the machine where the episodes run.
     - `reward`: a `RewardConfig` or a dict of its fields.
     - `episode_timeout_s` bounds the CLI's run, `test_timeout_s` the test command.
+    - `max_model_calls`: once the policy has answered this many calls of an episode, the proxy
+      refuses the next one and the CLI is stopped; the tree is graded as the agent left it, and
+      `info["call_limit_reached"]` says so (None: no limit; a looping policy then runs until
+      `episode_timeout_s`).
     - `sampling`: the session's sampling overrides (`temperature`, `top_p`, `top_k`,
       `max_tokens`, `seed`).
     - `context_overflow`: "error" (the CLI gets its dialect's context-too-long error and
@@ -86,6 +90,7 @@ class EpisodeConfig:
     reward: RewardConfig
     episode_timeout_s: float
     test_timeout_s: float
+    max_model_calls: int | None
     sampling: Mapping[str, Any]
     context_overflow: ContextOverflow
     mix_harnesses: bool
@@ -103,6 +108,7 @@ class EpisodeConfig:
         reward: RewardConfig | Mapping[str, Any] | None = None,
         episode_timeout_s: float = 900.0,
         test_timeout_s: float = 300.0,
+        max_model_calls: int | None = None,
         sampling: Mapping[str, Any] | None = None,
         context_overflow: ContextOverflow = "error",
         mix_harnesses: bool = False,
@@ -113,6 +119,12 @@ class EpisodeConfig:
     ) -> None:
         if episode_timeout_s <= 0 or test_timeout_s <= 0:
             raise EpisodeConfigError("episode_timeout_s and test_timeout_s must be positive")
+        if max_model_calls is not None and (isinstance(max_model_calls, bool)
+                                            or not isinstance(max_model_calls, int)
+                                            or max_model_calls < 1):
+            raise EpisodeConfigError(
+                f"max_model_calls must be a whole number of calls, at least 1 (or None for no "
+                f"limit), got {max_model_calls!r}")
         names = [harness] if isinstance(harness, (str, HarnessSpec)) else list(harness)
         if not names:
             raise EpisodeConfigError("harness must name at least one harness")
@@ -128,6 +140,7 @@ class EpisodeConfig:
             "reward": RewardConfig.coerce(dict(reward) if isinstance(reward, Mapping) else reward),
             "episode_timeout_s": float(episode_timeout_s),
             "test_timeout_s": float(test_timeout_s),
+            "max_model_calls": max_model_calls,
             "sampling": checked_sampling,
             "context_overflow": context_overflow,
             "mix_harnesses": bool(mix_harnesses),

@@ -20,7 +20,8 @@ Keywords: `tasks` (a suite name, path or list of `Task`s), `install_config` (for
 carry none, as plain SWE-bench rows: `{"test_cmd": ..., "log_parser": ...}`, see
 `harness_gym.tasks.Task`), `render_mode`, and the episode
 settings of `harness_gym.config.EpisodeConfig` (`harness`, `engine`, `sandbox`, `reward`,
-`episode_timeout_s`, `test_timeout_s`, `sampling`, `context_overflow`, `progress`), or `config=`
+`episode_timeout_s`, `test_timeout_s`, `max_model_calls`, `sampling`, `context_overflow`,
+`progress`), or `config=`
 a ready `EpisodeConfig`. `sandbox=None` picks `harness_gym.sandbox.default_sandbox()`.
 
 Observation: the task's problem statement (a `str`; `AnyText` space). Action: a dict, every key
@@ -30,7 +31,8 @@ the session's sampling). Each step ends the episode: `terminated` is True, `trun
 time-outs are reported as `info["outcome"] == "timeout"`.
 
 `info` holds: `task_id`, `harness`, `outcome` (passed, failed, timeout, harness_error,
-infra_error), `reward_breakdown`, `n_llm_calls`, `n_tool_calls`, `n_truncations`, `tests`
+infra_error), `reward_breakdown`, `n_llm_calls`, `n_tool_calls`, `n_truncations`,
+`call_limit_reached` (stopped at `max_model_calls`; graded as it stood), `tests`
 (test id -> status), `patch`, `trace` (segments as plain lists, fields as
 `harness_gym.trace.SEGMENT_SCHEMA`), `model` (the engine's model name), `tokenizer` (what the
 trace's ids decode with: "tiny", "smollm2" or a tokenizer directory; None if the engine names

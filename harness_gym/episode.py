@@ -114,6 +114,11 @@ class EpisodeResult:
         return self.trace.n_truncations
 
     @property
+    def call_limit_reached(self) -> bool:
+        """The CLI was stopped at the config's `max_model_calls` (the tree graded as it was)."""
+        return self.trace.call_limit_refusals > 0
+
+    @property
     def tests(self) -> dict[str, str]:
         """Per-test status of the graded run (empty when the tests did not run)."""
         if self.grade is None:
@@ -131,6 +136,7 @@ class EpisodeResult:
             "n_llm_calls": self.n_llm_calls,
             "n_tool_calls": self.n_tool_calls,
             "n_truncations": self.n_truncations,
+            "call_limit_reached": self.call_limit_reached,
             "tests": self.tests,
             "patch": self.patch,
             "trace": self.trace.to_dicts(),
@@ -234,7 +240,7 @@ class EpisodeRunner:
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
             session = self.proxy.open_session(policy_version, sampling, config.context_overflow,
-                                              config.train_subagents)
+                                              config.train_subagents, config.max_model_calls)
             if on_session is not None:
                 on_session(session)
             endpoint = Endpoint.for_model(
@@ -264,7 +270,9 @@ class EpisodeRunner:
             else:
                 graded = grade(task, sandbox, timeout_s=config.test_timeout_s)
                 outcome, patch, error = graded.outcome, graded.patch, graded.error
-                harness_failed = run.exit_code != 0 or output.error is not None
+                # A CLI stopped at its call limit was stopped by us, not broken.
+                harness_failed = not session.trace.call_limit_refusals and (
+                    run.exit_code != 0 or output.error is not None)
                 if outcome == "failed" and harness_failed and graded.reason != "tampered":
                     outcome = "harness_error"
                     error = output.error or f"the harness exited with code {run.exit_code}"
@@ -387,8 +395,9 @@ def _wait_unless_it_cannot_start(
 ) -> ExecResult:
     """`job.wait(timeout_s)`, but the CLI is stopped as soon as the proxy refused its very first
     prompt as too long for the model: it cannot work in this context, and left alone it compacts
-    or retries until the timeout (measured: OpenCode in SmolLM2's 8,192 tokens, 900 s); and as
-    soon as `stopping` is set."""
+    or retries until the timeout (measured: OpenCode in SmolLM2's 8,192 tokens, 900 s); as soon
+    as the proxy refused a call over the episode's `max_model_calls` (a CLI retries or reports
+    the error, and the agent's work is graded as it stands); and as soon as `stopping` is set."""
     done: list[ExecResult | BaseException] = []
 
     def wait() -> None:
@@ -401,7 +410,8 @@ def _wait_unless_it_cannot_start(
     waiter.start()
     while waiter.is_alive():
         waiter.join(_WATCH_INTERVAL_S)
-        if waiter.is_alive() and trace.first_prompt_overflowed is not None:
+        if waiter.is_alive() and (trace.first_prompt_overflowed is not None
+                                  or trace.call_limit_refusals):
             job.kill()
             waiter.join()
         if waiter.is_alive() and stopping is not None and stopping.is_set():

@@ -229,6 +229,8 @@ class SessionTrace:
     # ours (`infra_error`), not the policy's. A server failed over before its first token
     # never reaches here.
     engine_failures: list[str] = field(default_factory=list)
+    # Calls refused because the session's `max_calls` were answered already.
+    call_limit_refusals: int = 0
 
     def note_engine_failure(self, message: str) -> None:
         self.engine_failures.append(message)

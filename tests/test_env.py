@@ -21,6 +21,7 @@ from gymnasium.utils.env_checker import check_env
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 from harness_gym.engines import load_engine
+from harness_gym.engines.agent_tools import AgentTools, tool_call_text
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.harness import Endpoint, HarnessOutput, HarnessSpec, LaunchPlan, Package
@@ -142,6 +143,41 @@ def test_an_agent_that_rewrites_the_failing_tests_still_fails(tiny):
     assert all(info["tests"].get(t) != "PASSED" for t in task.FAIL_TO_PASS)
 
 
+class LoopsAfterFixing(OracleEngine):
+    """The oracle's fix (`fix=True`) or nothing, then `ls` through the shell tool forever: a
+    policy that never ends its episode."""
+
+    def __init__(self, scorer, *, fix: bool) -> None:
+        super().__init__(scorer)
+        self.fix = fix
+
+    def _answer(self, prompt: str) -> str:
+        if self.fix and "<tool_response>" not in prompt:
+            return super()._answer(prompt)
+        return "Let me look again.\n" + tool_call_text(
+            AgentTools.from_prompt(prompt).shell_call("ls"))
+
+
+@pytest.mark.parametrize("fix", [True, False], ids=["fixed-then-loops", "only-loops"])
+def test_max_model_calls_stops_a_looping_policy_and_grades_what_it_left(tiny, fix):
+    task = TASKS[0]
+    env = gym.make("HarnessSWE-v0", harness="pi", engine=LoopsAfterFixing(tiny, fix=fix),
+                   max_model_calls=3, episode_timeout_s=300)
+    try:
+        env.reset(options={"task_id": task.instance_id})
+        _, reward_value, terminated, truncated, info = env.step(None)
+    finally:
+        env.close()
+    assert info["call_limit_reached"] and (terminated, truncated) == (True, False)
+    assert info["n_llm_calls"] == 3 and info["n_tool_calls"] == 3  # no 4th call was sampled
+    assert info["duration_s"] < 120  # stopped at once, not at the 300 s timeout
+    if fix:  # graded as it stood: the fix made in its first call passes
+        assert info["outcome"] == "passed" and reward_value > 0.9
+        assert all(info["tests"][t] == "PASSED" for t in task.FAIL_TO_PASS)
+    else:  # stopped by us, so a plain failure, not a harness error
+        assert info["outcome"] == "failed" and reward_value == 0.0 and info["patch"] == ""
+
+
 SLEEP = str(1000 + os.getpid() % 997)  # a duration no other run on this machine uses
 
 
@@ -223,6 +259,9 @@ def test_make_by_module_path_works_without_importing_the_package():
 def test_bad_arguments_get_clear_errors():
     with pytest.raises(ValueError, match="episode_timeout_s"):
         gym.make("HarnessSWE-v0", episode_timeout_s=0)
+    for calls in (0, 2.5, True, "3"):
+        with pytest.raises(ValueError, match=f"max_model_calls must be .* got {calls!r}"):
+            gym.make("HarnessSWE-v0", max_model_calls=calls)
     with pytest.raises(Exception, match="unknown harness 'nope'"):
         gym.make("HarnessSWE-v0", harness="nope")
     env = gym.make("HarnessSWE-v0", engine="oracle:noop")

@@ -32,7 +32,7 @@ from ..trace import CallSampling
 from .answer import AnswerText, ParsedAnswer
 from .bridge import ContextStillTooLong, PromptPlan, TraceFrozen
 from .canonical import ChatRequest
-from .errors import ProxyError
+from .errors import ProxyError, invalid
 from .events import CallEvent, CallFinished, CallProgress, KeepAlive
 from .reasoning import THINK_CLOSE, ThinkSplitter
 from .rendering import PromptTooLong
@@ -184,6 +184,11 @@ def plan_prompt(
     Tokenizing stops early a quarter past the context: a longer prompt is refused either way
     (its error then says "at least N tokens"), and what it costs must not grow with what a
     client sends."""
+    if session.max_calls is not None and session.trace.n_llm_calls >= session.max_calls:
+        session.trace.call_limit_refusals += 1  # the episode stops its CLI on seeing it
+        raise invalid(f"This session's call limit is reached: the model answered "
+                      f"{session.trace.n_llm_calls} calls of at most {session.max_calls} "
+                      "(max_model_calls); the episode ends here.")
     try:
         plan = _plan_prompt(session, engine, request, settings)
         return _steer(plan, session, engine, request)

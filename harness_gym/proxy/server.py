@@ -169,8 +169,12 @@ class InterceptionProxy:
         sampling: dict[str, Any] | None = None,
         context_overflow: str = "error",
         train_subagents: bool = False,
+        max_calls: int | None = None,
     ) -> ProxySession:
-        return self.sessions.open(policy_version, sampling, context_overflow, train_subagents)
+        """`max_calls`: the session refuses calls once the policy has answered that many
+        (`SessionTrace.call_limit_refusals` counts the refused)."""
+        return self.sessions.open(policy_version, sampling, context_overflow, train_subagents,
+                                  max_calls)
 
     def close_session(self, session_id: str) -> ProxySession | None:
         """End a session (calls still running record nothing more). Idempotent: a session

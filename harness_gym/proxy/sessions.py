@@ -81,6 +81,9 @@ class ProxySession:
     # A sub-agent's segments (linked to the tool call that started it) are role "agent" when
     # true, "auxiliary" otherwise (`proxy.subagents`).
     train_subagents: bool = False
+    # Calls the policy answers before the session refuses more (None: no limit): an episode's
+    # `max_model_calls`. Calls running at once are counted when they end.
+    max_calls: int | None = None
     trace: SessionTrace = field(default_factory=SessionTrace)
     created: float = field(default_factory=time.time)
     # How the policy writes reasoning (None: it does not), and the proxy's key for signing it
@@ -178,12 +181,13 @@ class SessionRegistry:
         sampling: dict[str, Any] | None = None,
         context_overflow: str = "error",
         train_subagents: bool = False,
+        max_calls: int | None = None,
     ) -> ProxySession:
         session_id = "hg-" + secrets.token_urlsafe(24)
         session = ProxySession(
             session_id, self._renderer, parse_session_sampling(sampling), policy_version,
             context_overflow=check_context_overflow(context_overflow),
-            train_subagents=train_subagents,
+            train_subagents=train_subagents, max_calls=max_calls,
             reasoning_format=self._reasoning_format, reasoning_key=self._reasoning_key,
         )
         with self._lock:
