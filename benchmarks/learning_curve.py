@@ -308,7 +308,12 @@ class Pipeline:
     def stage_sft(self) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from harness_gym.training.sft import sft_rows, sft_trainer, validation_split
+        from harness_gym.training.sft import (
+            sft_rows,
+            sft_trainer,
+            turn_opening_nll,
+            validation_split,
+        )
 
         c = self.config
         rows = sft_rows(self.stage_dir("demos") / "traces", max_length=c.sft_max_length)
@@ -340,6 +345,9 @@ class Pipeline:
             "loss_tokens": sum(sum(x != -100 for x in r["labels"]) for r in train),
             "optimizer_steps": trainer.state.global_step, "losses": losses,
             **validation_record(history, trainer.state, held_out),
+            # each turn's first token (its decision) apart from the mean: `turn_opening_nll`
+            "validation_turn_openings": (turn_opening_nll(trainer.model, held_out)
+                                         if held_out else None),
             "step_s": timer.times, "step_cpu_s": timer.cpu_times,
             **trainer.frozen_prefix_stats()}
 

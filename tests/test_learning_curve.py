@@ -121,6 +121,8 @@ def test_sft_holds_out_whole_demos_and_keeps_the_checkpoint_of_their_lowest_loss
     assert validation["best_step"] == best["step"]
     assert validation["best_val_loss"] == best["val_loss"]
     assert not validation["stopped_early"]  # no patience in the quick run
+    openings = sft["validation_turn_openings"]  # each turn's first token, apart
+    assert math.isfinite(openings["first_turn"]) and math.isfinite(openings["rest"])
     # the adapter the stage kept (and the server was given) is the best checkpoint's
     kept = load_file(quick["work"] / "sft" / "model" / "adapter_model.safetensors")
     at_best = load_file(quick["work"] / "sft" / "trainer" / f"checkpoint-{best['step']}"

@@ -28,6 +28,7 @@ from harness_gym.training.sft import (
     sft_rows,
     sft_trainer,
     train_sft,
+    turn_opening_nll,
     validation_split,
 )
 from harness_gym.tasks import load_tasks
@@ -244,3 +245,28 @@ def test_sft_with_held_out_demos_ends_with_the_checkpoint_of_their_lowest_loss(t
     assert masked_nll(trainer.model, rows(202, "held")) == pytest.approx(min(losses), rel=1e-5)
     with pytest.raises(ValueError, match="eval_rows"):
         sft_trainer(model, tiny_tokenizer, rows(101, "x"), output_dir=tmp_path, patience=2)
+
+
+def test_turn_opening_nll_separates_each_turns_first_token_from_the_rest():
+    """Two turns (loss tokens 5-8 and 12-14) in one row, one turn in another: each opening's NLL
+    is the full forward's at that position, and the three means recombine into `masked_nll`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(), dtype=torch.float32)
+    ids = list(range(300, 316))
+    two_turns = [IGNORE_INDEX] * 5 + ids[5:9] + [IGNORE_INDEX] * 3 + ids[12:15] + [IGNORE_INDEX]
+    one_turn = [IGNORE_INDEX] * 10 + ids[10:]
+    rows = [{"input_ids": ids, "labels": two_turns}, {"input_ids": ids, "labels": one_turn}]
+    with torch.no_grad():
+        logps = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    nll = {t: -float(logps[t - 1, ids[t]]) for t in range(1, len(ids))}
+
+    got = turn_opening_nll(model, rows)
+
+    assert got["first_turn"] == pytest.approx((nll[5] + nll[10]) / 2, abs=1e-5)
+    assert got["later_turns"] == pytest.approx(nll[12], abs=1e-5)
+    rest = [nll[t] for t in (6, 7, 8, 13, 14, 11, 12, 13, 14, 15)]
+    assert got["rest"] == pytest.approx(sum(rest) / len(rest), abs=1e-5)
+    total = nll[5] + nll[10] + nll[12] + sum(rest)
+    assert masked_nll(model, rows) == pytest.approx(total / 13, abs=1e-5)
+    assert turn_opening_nll(model, rows[1:])["later_turns"] is None

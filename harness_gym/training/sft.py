@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,7 @@ __all__ = [
     "sft_rows",
     "sft_trainer",
     "train_sft",
+    "turn_opening_nll",
     "validation_split",
 ]
 
@@ -286,9 +287,46 @@ def train_sft(
 def masked_nll(model: Any, rows: Sequence[Mapping[str, Any]]) -> float:
     """Mean negative log-likelihood per loss token of `rows` under `model` (one row at a time,
     no gradient): the quantity SFT minimises, for before/after comparisons."""
+    total, count = 0.0, 0
+    for nll, keep in _row_nlls(model, rows):
+        total += float(nll[keep].sum())
+        count += int(keep.sum())
+    if count == 0:
+        raise ValueError("the rows hold no loss tokens")
+    return total / count
+
+
+def turn_opening_nll(model: Any, rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Mean NLL of the first token of each model turn (a run of loss tokens) in `rows`: of the
+    episode's first turn (`first_turn`), of its later turns (`later_turns`), and of every other
+    loss token (`rest`); None where there is none.
+
+    Why apart: a turn's first token is its decision (call a tool, read, edit, or stop), one
+    token among the ~40 of a turn, so the mean loss hides it. Measured on SmolLM2 after 2
+    epochs of LoRA on q and v: mean loss 0.11, first turn's first token 2.1 (the demos' opening
+    at 12%), and the policy ended 10 of 24 rollouts at that first turn."""
+    first: list[float] = []
+    later: list[float] = []
+    rest: list[float] = []
+    for nll, keep in _row_nlls(model, rows):
+        opens = keep.clone()
+        opens[1:] &= ~keep[:-1]  # a loss token right after a non-loss one
+        positions = opens.nonzero().flatten().tolist()
+        for k, position in enumerate(positions):
+            (first if k == 0 else later).append(float(nll[position]))
+        rest.extend(float(x) for x in nll[keep & ~opens])
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    return {"first_turn": mean(first), "later_turns": mean(later), "rest": mean(rest)}
+
+
+def _row_nlls(model: Any, rows: Sequence[Mapping[str, Any]]) -> Iterator[tuple[Any, Any]]:
+    """Per row: the NLL of each next token (position t predicts token t + 1) and which of
+    them are loss tokens; no gradient, the model in eval mode meanwhile."""
     import torch
 
-    total, count = 0.0, 0
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -296,20 +334,14 @@ def masked_nll(model: Any, rows: Sequence[Mapping[str, Any]]) -> float:
         with torch.no_grad():
             for row in rows:
                 ids = torch.tensor([row["input_ids"]], device=device)
-                labels = torch.tensor([row["labels"]], device=device)
+                targets = torch.tensor(row["labels"], device=device)[1:]
                 logits = model(input_ids=ids).logits[0, :-1].float()
-                targets = labels[0, 1:]
                 keep = targets != IGNORE_INDEX
-                loss = torch.nn.functional.cross_entropy(
-                    logits[keep], targets[keep], reduction="sum"
-                )
-                total += float(loss)
-                count += int(keep.sum())
+                nll = torch.nn.functional.cross_entropy(
+                    logits, targets.clamp(min=0), reduction="none")
+                yield nll, keep
     finally:
         model.train(was_training)
-    if count == 0:
-        raise ValueError("the rows hold no loss tokens")
-    return total / count
 
 
 def _are_rows(value: Any) -> bool:
