@@ -74,7 +74,8 @@ def episode_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.temperature is not None:
         sampling["temperature"] = args.temperature
     given = {"harness": args.harness, "engine": args.engine, "sandbox": args.sandbox,
-             "episode_timeout_s": args.episode_timeout, "test_timeout_s": args.test_timeout}
+             "episode_timeout_s": args.episode_timeout, "test_timeout_s": args.test_timeout,
+             "max_model_calls": args.max_model_calls}
     return {"sampling": sampling, "progress": not args.quiet,
             **{name: value for name, value in given.items() if value is not None}}
 
@@ -147,6 +148,9 @@ def _add_run_options(parser: argparse.ArgumentParser, *, demo: bool = False) -> 
     parser.add_argument("--test-timeout", type=float, default=None,
                         help="seconds for the task's tests (default: "
                              "EpisodeConfig.test_timeout_s)")
+    parser.add_argument("--max-model-calls", type=int, default=None,
+                        help="stop the CLI once the policy has answered this many calls and "
+                             "grade the tree as it stands (default: no limit)")
     parser.add_argument("--max-tokens", type=int, default=384 if demo else None,
                         help="cap on tokens sampled per model call")
     parser.add_argument("--temperature", type=float, default=0.6 if demo else None)

@@ -190,12 +190,15 @@ def test_run_and_demo_defaults_are_episode_config_defaults():
         if argv == ["demo"]:
             args.harness, args.sandbox, args.quiet = "pi", None, False  # what _demo sets
         config = EpisodeConfig.build(**episode_settings(args))
-        for name in ("engine", "episode_timeout_s", "test_timeout_s", "sandbox"):
+        for name in ("engine", "episode_timeout_s", "test_timeout_s", "max_model_calls",
+                     "sandbox"):
             assert getattr(config, name) == getattr(defaults, name), (argv, name)
         assert [h.name for h in config.harness] == [h.name for h in defaults.harness]
-    given = build_parser().parse_args(["run", "--episode-timeout", "42", "--engine", "oracle"])
+    given = build_parser().parse_args(["run", "--episode-timeout", "42", "--engine", "oracle",
+                                       "--max-model-calls", "12"])
     config = EpisodeConfig.build(**episode_settings(given))
-    assert (config.episode_timeout_s, config.engine) == (42.0, "oracle")
+    assert (config.episode_timeout_s, config.engine, config.max_model_calls) == \
+        (42.0, "oracle", 12)
 
 
 def test_serve_help_says_the_admin_routes_are_open_on_loopback_without_a_key():
