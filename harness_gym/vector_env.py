@@ -48,13 +48,18 @@ actor per suitable node, each with its own proxy in front of the engine, which m
 spec string (`vllm:URL` on a real cluster). `RayCluster` holds every Ray setting (address, `ray.init`
 keywords, actor options, node labels, the executor's clocks). Infos are the same either way. See
 `harness_gym.scaleout.ray_executor` and docs/scale-out.md.
+
+A task list to get through (an evaluation) wants no lockstep: a step waits for its slowest
+episode, and one looping episode (880 s where the others took 40-130 s) idles every other
+sub-env. `run_continuously(tasks)` keeps all `num_envs` busy instead, starting the next task the
+moment an episode ends, and yields each episode's `(reward, info)` as it finishes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from concurrent.futures import as_completed
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, as_completed, wait
 from typing import Any, ClassVar, Self
 
 import gymnasium as gym
@@ -182,6 +187,49 @@ class HarnessVectorEnv(VectorEnv):
         truncations = np.zeros(self.num_envs, dtype=np.bool_)
         return self._observations(), rewards, terminations, truncations, batch_infos(episodes)
 
+    def run_continuously(
+        self, tasks: Iterable[Task], action: dict[str, Any] | None = None
+    ) -> Iterator[tuple[float, dict[str, Any]]]:
+        """Run each task once, `num_envs` episodes in flight until the tasks run out, and yield
+        `(reward, info)` per episode in the order they finish; `info` is a step's info for that
+        episode plus `env_index`, the sub-env whose slot (and harness) it ran in.
+
+        Outside the step cycle: no `reset()` needed, groups do not apply (each task is one
+        episode), and the env's current tasks are left as they were. One `action` (or None)
+        gives every episode its sampling and version, as in `step()`.
+
+        The next task is submitted only when a slot frees: a queued episode would hold a Ray
+        node's slot, and would still run after the consumer gave up (a Ray future's `cancel()`
+        does not reach the node). When the generator is closed early or fails, the episodes it
+        submitted are cancelled if they have not started (threads) and waited for otherwise,
+        their results dropped; no further task starts.
+        """
+        sampling, version = self._parse_action(action)
+        executor = self._start()
+        todo = iter(tasks)
+        running: dict[Future[EpisodeResult], int] = {}
+
+        def fill(slot: int) -> None:
+            task = next(todo, None)
+            if task is not None:
+                request = EpisodeRequest(self.harnesses[slot].name, task, sampling, version)
+                running[executor.submit(request)] = slot
+
+        try:
+            for slot in range(self.num_envs):
+                fill(slot)
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    slot = running.pop(future)
+                    result = future.result()
+                    fill(slot)  # before yielding: the consumer's time must not idle the slot
+                    yield result.reward, {**result.info(), "env_index": slot}
+        finally:
+            for future in running:
+                future.cancel()
+            wait(running)
+
     # --- helpers --------------------------------------------------------------------------
 
     def _draw_tasks(self, task_ids: Sequence[str] | None) -> list[Task]:
@@ -224,11 +272,11 @@ class HarnessVectorEnv(VectorEnv):
         else:
             raise TypeError(f"actions are None, a dict of arrays of length {self.num_envs}, or "
                             f"a sequence of {self.num_envs} per-env dicts; got {actions!r:.200}")
-        parsed = []
-        for action in per_env:
-            sampling, version = parse_action(action, self.config.sampling)
-            parsed.append((sampling, self.policy_version if version is None else version))
-        return parsed
+        return [self._parse_action(action) for action in per_env]
+
+    def _parse_action(self, action: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+        sampling, version = parse_action(action, self.config.sampling)
+        return sampling, self.policy_version if version is None else version
 
 
 def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:

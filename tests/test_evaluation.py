@@ -1,18 +1,140 @@
-"""The statistics of a checkpoint's evaluation: pass@1 over several samples per instance, the
-paired comparison of two checkpoints, the quit rate."""
+"""A checkpoint's evaluation: `run_tasks` keeping every sub-env busy (real Pi episodes on the
+oracle) and recording each episode once; the statistics: pass@1 over several samples per
+instance, the paired comparison of two checkpoints, the quit rate."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
+import shutil
+import threading
+from collections.abc import AsyncIterator, Sequence
+from operator import itemgetter
+from typing import Any
 
+import gymnasium as gym
 import pytest
+from harness_gym.tasks.loader import load_tasks
 
+from harness_gym.config import EpisodeConfig
+from harness_gym.engines import load_engine
+from harness_gym.engines.base import NO_CONTEXT, RequestContext, SamplingParams, TokenChunk
+from harness_gym.engines.oracle import OracleEngine
+from harness_gym.engines.scripted import task_key
 from harness_gym.training.evaluation import (
+    EPISODE_FIELDS,
     instance_pass_rates,
     paired_difference,
     recorded_episodes,
+    run_tasks,
     summarize,
 )
+
+needs_pi = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
+HOLD_S = 45.0  # how long the held episode waits for another to start before giving up
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    engine = load_engine("tiny")
+    yield engine
+    engine.close()
+
+
+class RecordsStarts(OracleEngine):
+    """The oracle, noting the task of each episode as it starts."""
+
+    def __init__(self, scorer: Any) -> None:
+        super().__init__(scorer)
+        self.started: list[str] = []
+
+    def on_episode_start(self, task: Any) -> None:
+        super().on_episode_start(task)
+        self.started.append(task.instance_id)
+
+
+class HoldsOneTask(RecordsStarts):
+    """The oracle, except that the episode on `held` gets no answer until an episode on
+    `awaited` has started (or `HOLD_S` passed: then `gave_up`), as a looping episode would
+    keep its sub-env busy. The hold awaits off the proxy's event loop, so other episodes'
+    calls are answered meanwhile."""
+
+    def __init__(self, scorer: Any, held: Any, awaited: Any) -> None:
+        super().__init__(scorer)
+        self.held_key = task_key(held.problem_statement)
+        self.awaited_id = awaited.instance_id
+        self.gave_up = False
+        self._awaited_started = threading.Event()
+
+    def on_episode_start(self, task: Any) -> None:
+        super().on_episode_start(task)
+        if task.instance_id == self.awaited_id:
+            self._awaited_started.set()
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+               context: RequestContext = NO_CONTEXT) -> AsyncIterator[TokenChunk]:
+        answer = super().stream(prompt_ids, sampling, context)
+        if self.held_key not in self.tokenizer.decode(prompt_ids, skip_special_tokens=False):
+            return answer
+        return self._once_released(answer)
+
+    async def _once_released(self, answer: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
+        if not await asyncio.to_thread(self._awaited_started.wait, HOLD_S):
+            self.gave_up = True
+        async for chunk in answer:
+            yield chunk
+
+
+@needs_pi
+def test_a_held_episode_does_not_keep_the_next_task_from_starting(tiny, tmp_path):
+    # Two sub-envs, three tasks; the first task's episode is answered only once the third
+    # task's episode has started. In lockstep the third waits for the first: it gives up.
+    tasks = load_tasks("builtin")[:3]
+    engine = HoldsOneTask(tiny, held=tasks[0], awaited=tasks[2])
+    config = EpisodeConfig.build(engine=engine, harness="pi", progress=False)
+    episodes = run_tasks(tasks, config, out_dir=tmp_path, num_envs=2, progress=False)
+    assert not engine.gave_up, (
+        f"the third task's episode did not start within {HOLD_S:g} s while the first was "
+        f"held: the free sub-env sat idle")
+    a, b, c = (t.instance_id for t in tasks)
+    assert set(engine.started[:2]) == {a, b} and engine.started[2:] == [c]
+    assert [e["task_id"] for e in episodes] == [a, b, c]
+    assert [e["outcome"] for e in episodes] == ["passed"] * 3
+    assert all(set(e) == set(EPISODE_FIELDS) and e["changed_repo"] for e in episodes)
+
+    (file,) = tmp_path.glob("*.jsonl")
+    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    # One row per episode, written as each finished: the second task's first, and the third
+    # ran in the sub-env the second freed while the first still held its own.
+    assert rows[0]["task_id"] == b and [r["step"] for r in rows] == [0, 1, 2]
+    assert {r["task_id"]: r["env_index"] for r in rows} == {a: 0, b: 1, c: 1}
+    assert all(r["trace"] and r["outcome"] == "passed" for r in rows)
+    by_task = itemgetter("task_id")
+    assert sorted(recorded_episodes(tmp_path), key=by_task) == sorted(episodes, key=by_task)
+
+    again = run_tasks(tasks, config, out_dir=tmp_path, num_envs=2, progress=False, resume=True)
+    assert again == episodes and len(engine.started) == 3
+    assert list(tmp_path.glob("*.jsonl")) == [file]  # nothing ran: no env, no new file
+
+
+@needs_pi
+def test_a_consumer_that_stops_early_starts_no_further_task(tiny):
+    tasks = load_tasks("builtin")[:4]
+    engine = RecordsStarts(tiny)
+    vec = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                       tasks=tasks, engine=engine, harness="pi", progress=False)
+    try:
+        episodes = vec.unwrapped.run_continuously(tasks)
+        _, first = next(episodes)
+        episodes.close()  # the third task is cancelled or run to its end; the fourth never starts
+        assert first["task_id"] in {tasks[0].instance_id, tasks[1].instance_id}
+        assert set(engine.started[:2]) == {tasks[0].instance_id, tasks[1].instance_id}
+        assert tasks[3].instance_id not in engine.started
+        (reward, last), = vec.unwrapped.run_continuously(tasks[3:])  # and the env runs on
+        assert last["outcome"] == "passed" and reward > 0 and last["env_index"] == 0
+    finally:
+        vec.close()
 
 
 def _episodes(rates: dict[str, float], samples: int, *, seed: int = 0) -> list[dict]:

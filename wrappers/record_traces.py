@@ -6,6 +6,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,7 +62,8 @@ class RecordTraces(VectorWrapper):
 
     JSON Lines rows are flushed as each step ends; Parquet rows go out as one row group per step
     with the fixed `SCHEMA`, and the file is complete once the wrapper closes. Wrap it outside
-    `GroupRelativeAdvantage` / `StalenessFilter` to record their columns too.
+    `GroupRelativeAdvantage` / `StalenessFilter` to record their columns too. `record()` writes
+    episodes that did not come from `step()` the same way (each as it finishes, say).
 
     On a vector env (run in tests/test_wrappers.py)::
 
@@ -91,14 +93,23 @@ class RecordTraces(VectorWrapper):
 
     def step(self, actions: Any):
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
-        rows = [self._row(i, float(rewards[i]), infos) for i in range(self.num_envs)]
+        self.record(rewards, infos)
+        return obs, rewards, terminations, truncations, infos
+
+    def record(self, rewards: Sequence[float] | np.ndarray, infos: dict[str, Any]) -> None:
+        """Write one row per episode of a batch (`infos` batched as `step()` returns them, e.g.
+        by `harness_gym.vector_env.batch_infos`), as one `step`. For episodes run outside
+        `step()` (`HarnessVectorEnv.run_continuously`): wrappers inside this one never saw them,
+        so their flag columns are null; an info's `env_index` is kept where it has one."""
+        if self._jsonl is None and self._parquet is None:
+            raise RuntimeError(f"RecordTraces for {self.file} is closed: nothing more is written")
+        rows = [self._row(i, len(rewards), float(rewards[i]), infos) for i in range(len(rewards))]
         if self._jsonl is not None:
             self._jsonl.writelines(json.dumps(row) + "\n" for row in rows)
             self._jsonl.flush()
         else:
             self._parquet.write_table(pa.Table.from_pylist(rows, schema=SCHEMA))
         self._steps += 1
-        return obs, rewards, terminations, truncations, infos
 
     def close(self, **kwargs: Any) -> None:
         try:
@@ -111,16 +122,18 @@ class RecordTraces(VectorWrapper):
                 self._parquet.close()
                 self._parquet = None
 
-    def _row(self, i: int, reward: float, infos: dict[str, Any]) -> dict[str, Any]:
+    def _row(self, i: int, n: int, reward: float, infos: dict[str, Any]) -> dict[str, Any]:
         def get(key: str, source: dict[str, Any] = infos) -> Any:
-            if key not in source or not source.get(f"_{key}", np.ones(self.num_envs, bool))[i]:
+            if key not in source or not source.get(f"_{key}", np.ones(n, bool))[i]:
                 return None
             value = source[key][i]
             return value.item() if isinstance(value, np.generic) else value
 
         breakdown = infos.get("reward_breakdown", {})
+        env_index = get("env_index")
         row = {
-            "run_id": self.run_id, "step": self._steps, "env_index": i, "reward": reward,
+            "run_id": self.run_id, "step": self._steps, "reward": reward,
+            "env_index": i if env_index is None else env_index,
             "tests": json.dumps(get("tests")),
             "reward_breakdown": json.dumps({k: get(k, breakdown) for k in breakdown
                                             if not k.startswith("_")}),

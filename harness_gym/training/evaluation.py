@@ -1,6 +1,6 @@
 """Running a policy over a task list through the env, and the statistics a learning curve reports.
 
-`run_tasks` runs each task once through a harness (a vector env, `num_envs` episodes at a time),
+`run_tasks` runs each task once through a harness (a vector env, `num_envs` episodes in flight),
 records every episode with `RecordTraces` and returns the episodes' infos. `summarize` turns them
 into the figures of one checkpoint: pass@1 with a Wilson interval (one sample per instance) or a
 bootstrap over instances (several: pass@1 is then the mean over each instance's samples), mean
@@ -150,10 +150,11 @@ def run_tasks(
     samples: int = 1,
 ) -> list[dict[str, Any]]:
     """Each task `samples` times through the env described by `config` (its engine, harness,
-    sandbox, sampling), `num_envs` episodes at a time; every episode recorded by `RecordTraces`
-    under `out_dir` (JSON Lines). Returns one dict per episode, in task order (a task's samples
-    together): the info fields a summary needs (`EPISODE_FIELDS`). Several samples of a task
-    want unseeded sampling (the same seed gives a server the same tokens).
+    sandbox, sampling), `num_envs` episodes in flight at all times (a new one starts as soon as
+    one ends: `HarnessVectorEnv.run_continuously`); every episode recorded by `RecordTraces`
+    under `out_dir` (JSON Lines) as it finishes. Returns one dict per episode, in task order (a
+    task's samples together): the info fields a summary needs (`EPISODE_FIELDS`). Several
+    samples of a task want unseeded sampling (the same seed gives a server the same tokens).
 
     With `resume`, episodes already recorded under `out_dir` (by an earlier call that was cut
     short) count as done and only the missing samples run, so a killed run loses at most the
@@ -163,6 +164,7 @@ def run_tasks(
 
     import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
 
+    from ..vector_env import batch_infos
     from ..wrappers import RecordTraces
 
     if samples < 1:
@@ -174,34 +176,31 @@ def run_tasks(
     todo = [t for t in tasks for _ in range(samples - len(done.get(t.instance_id, [])[:samples]))]
     bar = tqdm(total=len(tasks) * samples, initial=len(tasks) * samples - len(todo),
                desc="episodes", unit="ep", disable=not progress)
-    envs: dict[int, Any] = {}
+    env = None
     try:
-        for start in range(0, len(todo), num_envs):
-            chunk = todo[start:start + num_envs]
-            if len(chunk) not in envs:  # a shorter last chunk gets its own env
-                vec = gym.make_vec("HarnessSWE-v0", num_envs=len(chunk),
-                                   vectorization_mode="vector_entry_point", tasks=tasks,
-                                   config=config)
-                envs[len(chunk)] = RecordTraces(vec, out_dir)
-            env = envs[len(chunk)]
-            env.reset(options={"task_ids": [t.instance_id for t in chunk]})
-            _, rewards, _, _, infos = env.step(None)
-            for i in range(len(chunk)):
-                done.setdefault(str(infos["task_id"][i]), []).append({
-                    "task_id": str(infos["task_id"][i]), "outcome": str(infos["outcome"][i]),
-                    "reward": float(rewards[i]), "n_tool_calls": int(infos["n_tool_calls"][i]),
-                    "n_llm_calls": int(infos["n_llm_calls"][i]),
-                    "duration_s": float(infos["duration_s"][i]),
-                    "error": _text(infos, "error", i),
-                    "changed_repo": bool((_text(infos, "patch", i) or "").strip()),
-                })
-            bar.update(len(chunk))
-            bar.set_postfix_str(summary_line([e for es in done.values() for e in es]))
+        if todo:
+            env = RecordTraces(gym.make_vec("HarnessSWE-v0", num_envs=min(num_envs, len(todo)),
+                                            vectorization_mode="vector_entry_point", tasks=tasks,
+                                            config=config), out_dir)
+            for reward, info in env.unwrapped.run_continuously(todo):
+                env.record([reward], batch_infos([info]))
+                done.setdefault(str(info["task_id"]), []).append(_episode(reward, info))
+                bar.update(1)
+                bar.set_postfix_str(summary_line([e for es in done.values() for e in es]))
     finally:
         bar.close()
-        for env in envs.values():
+        if env is not None:
             env.close()
     return [e for t in tasks for e in done.get(t.instance_id, [])[:samples]]
+
+
+def _episode(reward: float, info: Mapping[str, Any]) -> dict[str, Any]:
+    """The `EPISODE_FIELDS` of one finished episode's info."""
+    return {"task_id": str(info["task_id"]), "outcome": str(info["outcome"]),
+            "reward": float(reward), "n_tool_calls": int(info["n_tool_calls"]),
+            "n_llm_calls": int(info["n_llm_calls"]), "duration_s": float(info["duration_s"]),
+            "error": None if info.get("error") is None else str(info["error"]),
+            "changed_repo": bool((info.get("patch") or "").strip())}
 
 
 #: The fields of an episode `run_tasks` returns (RecordTraces rows carry them under these names).
@@ -239,13 +238,6 @@ def recorded_episodes(out_dir: str | Path) -> list[dict[str, Any]]:
 def summary_line(episodes: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(e["outcome"] for e in episodes)
     return ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-
-
-def _text(infos: Mapping[str, Any], key: str, i: int) -> str | None:
-    if key not in infos or not infos.get(f"_{key}", np.ones(i + 1, bool))[i]:
-        return None
-    value = infos[key][i]
-    return None if value is None else str(value)
 
 
 def _listed(interval: tuple[float, float] | None) -> list[float] | None:
