@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import gymnasium as gym
@@ -178,7 +179,7 @@ def test_max_model_calls_stops_a_looping_policy_and_grades_what_it_left(tiny, fi
         assert info["outcome"] == "failed" and reward_value == 0.0 and info["patch"] == ""
 
 
-SLEEP = str(1000 + os.getpid() % 997)  # a duration no other run on this machine uses
+SLEEP = f"1000.{uuid.uuid4().int % 10**9:09d}"  # a duration no other run on this machine uses
 
 
 class NeverExits(HarnessSpec):

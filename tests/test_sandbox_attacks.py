@@ -361,8 +361,14 @@ def test_an_agent_that_cuts_its_own_line_to_the_model_ends_harness_error(tiny: A
 @pytest.mark.skipif(_NO_BWRAP is not None, reason=str(_NO_BWRAP))
 @pytest.mark.skipif(shutil.which("pgrep") is None, reason="needs pgrep")
 def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
-    tiny: Any,
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The leak check counts sandbox dirs in a temp dir of this test's own: another process's
+    # episodes (a training run, a second test lane) come and go in the machine's.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
     tasks = TASKS[3:8]
     token = uuid.uuid4().hex
     # In the foreground: Pi's tool call waits on it, so its turn cannot go on beside the bomb.
@@ -390,6 +396,7 @@ def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
                        progress=False)
     try:
         vec.reset(options={"task_ids": [t.instance_id for t in tasks]})
+        made_here = sandbox_dirs() - before  # the env's repos: the private dir is the one used
         _, rewards, _, _, infos = vec.step(None)
     finally:
         vec.close()
@@ -407,7 +414,7 @@ def test_in_a_vector_step_three_attacking_agents_break_only_their_own_episodes(
     if memory_parent() is not None:
         assert outcomes[4] == "harness_error" and "memory cap" in infos["error"][4]
     assert wait_until(lambda: alive(token) == [], timeout=10)
-    assert sandbox_dirs() - before == set()
+    assert made_here and sandbox_dirs() - before == set()
     parent = cgroup_parent()
     if parent is not None:
         assert not list(Path(parent).glob(f"{os.getpid()}-*"))
