@@ -112,7 +112,7 @@ from curve.journal import (
 from curve.plan import measured_units, plan, vllm_throughput
 from curve.policy_server import PolicyServer
 from curve.process import cpu_seconds, log, preload, torch_threads
-from curve.state import RunState, reconcile
+from curve.state import RunState, discarded, reconcile
 from curve.summary import (
     brief,
     headline_summary,
@@ -613,8 +613,13 @@ class Pipeline:
         results["times"] = {stage: {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
                             for stage in STAGES if (m := self.done(stage)) is not None}
         total = {k: sum(t[k] for t in results["times"].values()) for k in ("wall_s", "cpu_s")}
+        # stages run and then removed (a changed configuration) spent the budget too
+        results["discarded"] = discarded(self.workdir)
+        thrown = sum(e["wall_s"] or 0.0 for e in results["discarded"])
         results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
-                                  "cpu_h": round(total["cpu_s"] / 3600, 2)}
+                                  "cpu_h": round(total["cpu_s"] / 3600, 2),
+                                  "discarded_wall_s": thrown,
+                                  "spent_wall_h": round((total["wall_s"] + thrown) / 3600, 2)}
         calib = stages.get("train-pass")
         results["calibration"] = None if calib is None else {
             "sft_train_pass_at_temperature": calib["summary"]["pass_at_1"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from curve import state as state_module  # noqa: E402
 from curve.journal import last_checkpoint, train_resumed  # noqa: E402
-from curve.state import RunState, StateError  # noqa: E402
+from curve.state import RunState, StateError, discarded, reconcile  # noqa: E402
 
 CONFIG = {"mode": "quick", "lora_rank": 4}
 
@@ -289,8 +290,35 @@ def test_a_changed_configuration_keeps_the_stages_before_the_first_one_it_change
     assert (folder / "sft").is_dir()
     assert state.check(new, redo_changed=True) == ["sft"]
     assert sorted(files(folder)) == ["config.json", "demos/metrics.json",
-                                     "demos/traces/teacher.jsonl.gz"]
+                                     "demos/traces/teacher.jsonl.gz", "discarded.json"]
     assert json.loads((folder / "config.json").read_text()) == new
     assert state.check(new, redo_changed=True) == []  # the same command again: a resume
     with pytest.raises(StateError, match="differs in n_demo_tasks"):  # the demos themselves
         state.check({**new, "n_demo_tasks": 5})
+
+
+def test_a_removed_stage_stays_on_the_books_once(tmp_path):
+    """`--redo-changed` removes a finished SFT and a cut train-pass; the ledger keeps what they
+    cost (the metrics' times; a cut stage's file-time span), once each though the state folder
+    and then the workdir both remove them, as a resumed run does (check, restore, reconcile)."""
+    work = a_workdir(tmp_path)
+    write(work, "sft/metrics.json", json.dumps({"wall_s": 100.0, "cpu_s": 50.0}))
+    for name, when in (("first.jsonl", 1_000_000), ("last.jsonl", 1_000_090)):
+        write(work, f"train-pass/traces/{name}", "{}\n")
+        os.utime(work / "train-pass/traces" / name, (when, when))
+    folder = tmp_path / "state"
+    RunState(folder, work).save()
+    new = {**CONFIG, "sft_epochs": 3}
+
+    state = RunState(folder, work)
+    assert state.check(new, redo_changed=True) == ["sft", "train-pass"]
+    state.restore()
+    assert reconcile(work, new, redo_changed=True) == ["sft", "train-pass"]
+
+    ledger = discarded(work)
+    assert ledger == discarded(folder)
+    assert [(e["stage"], e["complete"], e["wall_s"], e["cpu_s"], e["changed"]) for e in ledger] \
+        == [("sft", True, 100.0, 50.0, ["sft_epochs"]),
+            ("train-pass", False, 90.0, None, ["sft_epochs"])]
+    RunState(folder, work).save()  # the ledger travels with the run, readable in a diff
+    assert json.loads((folder / "discarded.json").read_text()) == ledger

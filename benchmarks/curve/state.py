@@ -17,12 +17,16 @@ holds only what changed.
 
 A run whose configuration changed since its state was saved is taken up only where the change
 touches no stage it has begun (`reconcile`): e.g. new SFT settings keep the demonstrations, and
-`--redo-changed` removes the SFT stage and those after it to run them again.
+`--redo-changed` removes the SFT stage and those after it to run them again. What a removed stage
+had cost stays on the books: `discarded.json` (`DISCARDED`) lists each one, its wall and CPU
+seconds (a stage cut before its end: the span of its files' times, a lower bound), so the run's
+time against its budget counts the work thrown away too.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -37,7 +41,8 @@ from .process import log
 #: A file larger than this is refused: a full-weight checkpoint (540 MB for SmolLM2) has no
 #: place in git, and no file of a LoRA run comes near it.
 MAX_FILE_BYTES = 40 << 20
-PLAIN = {"metrics.json", "config.json"}
+DISCARDED = "discarded.json"  # the ledger of removed stages (module docstring)
+PLAIN = {"metrics.json", "config.json", DISCARDED}
 COMPRESSED_SUFFIXES = {".json", ".jsonl"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}
@@ -179,13 +184,41 @@ def reconcile(folder: Path, config: dict[str, Any], *, redo_changed: bool = Fals
             f"that changes stages it has begun ({', '.join(begun)}): resume it with the same "
             "settings, pass --redo-changed to run those stages again under these (the stages "
             "before them are kept), or give another folder")
+    recorded = (folder / "config.json").read_bytes()
     for stage in begun:
+        record_discarded(folder, stage, changed, recorded)
         shutil.rmtree(folder / stage)
     _write(folder / "config.json", json.dumps(config, indent=2).encode(), time.time_ns())
     log(f"{folder}: configuration changed in {', '.join(changed)}; "
         + (f"stages {', '.join(begun)} removed, to run again" if begun
            else "no stage it changes had begun"))
     return begun
+
+
+def discarded(folder: Path) -> list[dict[str, Any]]:
+    """The removed stages recorded in `folder` (a workdir or a state folder)."""
+    path = folder / DISCARDED
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def record_discarded(folder: Path, stage: str, changed: list[str], recorded: bytes) -> None:
+    """Add `stage` of `folder`, about to be removed, to its ledger: once per run of it (a stage
+    of one configuration is removed from the state folder and from the workdir alike)."""
+    entry: dict[str, Any] = {
+        "stage": stage, "config_sha256": hashlib.sha256(recorded).hexdigest()[:16],
+        "changed": changed, "removed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    metrics = folder / stage / "metrics.json"
+    if metrics.is_file():
+        done = json.loads(metrics.read_text())
+        entry.update(complete=True, wall_s=done.get("wall_s"), cpu_s=done.get("cpu_s"))
+    else:  # cut: from its first file to its last one, a lower bound
+        times = [p.stat().st_mtime for p in RunState._files(folder / stage)]
+        entry.update(complete=False, wall_s=max(times) - min(times) if times else 0.0,
+                     cpu_s=None)
+    ledger = discarded(folder)
+    if any((e["stage"], e["config_sha256"]) == (stage, entry["config_sha256"]) for e in ledger):
+        return
+    _write(folder / DISCARDED, json.dumps([*ledger, entry], indent=2).encode(), time.time_ns())
 
 
 def _write(path: Path, data: bytes, mtime_ns: int) -> None:
