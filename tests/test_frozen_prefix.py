@@ -164,3 +164,19 @@ def test_the_frozen_prefix_grpo_trainer_scores_completions_as_trl_does(tmp_path)
     assert torch.allclose(our_entropy[real], their_entropy[real], atol=1e-3)
     assert (ours[~real] == 0).all()
     assert trainer.frozen_prefix_stats()["grad_tokens"] == 12 + 16
+
+    # A row out of the loss (no token sampled: a masked group) is not scored at all; the other
+    # row's scores are unchanged.
+    trainer._sampled_mask = torch.tensor([[0] * 12 + [1] * 4, [1] * 6 + [0] * 4 + [1] * 6])
+    masked, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, attention, 16, compute_entropy=True)
+    assert (masked[0] == 0).all() and torch.allclose(masked[1][real[1]], theirs[1][real[1]],
+                                                     atol=1e-4)
+    assert trainer.frozen_prefix_stats()["grad_tokens"] == 12 + 16 + 16
+    # every row out of the loss: nothing scored, and the loss still backpropagates (zeros)
+    trainer._sampled_mask = torch.zeros(2, 16, dtype=torch.long)
+    none, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention, 16)
+    (none * 0).sum().backward()
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and not p.grad.any() for p in trainable)
+    assert trainer.frozen_prefix_stats()["grad_tokens"] == 12 + 16 + 16

@@ -422,10 +422,12 @@ def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concu
     train_pass = calibration["stages"]["train-pass"]
     assert units["calib_episode_s"] == pytest.approx(
         (train_pass["wall_s"] - units["vllm_startup_s"]) / 8)
-    sizes = planned["sizes"]  # 90 demos trained on twice, 10 measured at 15 checkpoints
+    sizes = planned["sizes"]  # 90 demos trained on each epoch, 10 measured at each checkpoint
     assert (sizes["sft_rows_expected"], sizes["sft_val_rows_expected"]) == (90, 10)
-    assert sizes["sft_checkpoints_expected"] == pytest.approx(90 * 2 / 4 / 3)
-    assert expected["sft"] == pytest.approx((90 * 2 + 15 * 10 / 3) * units["sft_row_s"])
+    checkpoints = 90 * full.sft_epochs / full.sft_grad_accum / full.sft_save_steps
+    assert sizes["sft_checkpoints_expected"] == pytest.approx(checkpoints)
+    assert expected["sft"] == pytest.approx(
+        (90 * full.sft_epochs + checkpoints * 10 / 3) * units["sft_row_s"])
     # the floors, and where they stand against the 10 h
     assert full.n_heldout >= 50 and full.eval_samples >= 4 and full.grpo_group_size >= 4
     assert full.grpo_steps >= 30 and len(learning_curve.arm_stages(full)) == 3
