@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +18,8 @@ import time
 import httpx
 import pytest
 import torch
+
+from collections.abc import Callable
 
 from harness_gym.engines._sampling import processed_logprobs
 from harness_gym.engines.base import RequestContext, SamplingParams
@@ -143,12 +147,21 @@ class StreamWatch:
         with self._lock:
             return {key for key, n in self._streaming.items() if n > 0}
 
-    def wait_for(self, session: str, others: int, timeout_s: float, url: str) -> None:
-        """Until `session` and `others` other sessions have a call mid-generation at once, and
-        the server at `url` is still generating that many: a stream read behind what the server
-        sent may already be whole in the socket buffers, and then outlives a kill."""
+    def freeze_mid_stream(self, session: str, others: int, group: int, timeout_s: float,
+                          why: Callable[[], str] = str) -> None:
+        """SIGSTOP the server (process `group`) once `session` and `others` other sessions have
+        a call mid-generation, and leave it stopped once they still do a moment later, when
+        every token it had sent has been read: a call it had already sent whole would end
+        then. Frozen, no call can end any more, however short it is. `why()` says more on a
+        timeout."""
         deadline = time.monotonic() + timeout_s
-        while not (session in (now := self.sessions()) and len(now) > others
-                   and metric(url, "vllm:num_requests_running") > others):
-            assert time.monotonic() < deadline, f"streaming: {now}; waited for {session} + {others}"
-            time.sleep(0.05)
+        while True:
+            while not (session in (now := self.sessions()) and len(now) > others):
+                assert time.monotonic() < deadline, \
+                    f"streaming: {now}; waited for {session} + {others}; {why()}"
+                time.sleep(0.01)
+            os.killpg(group, signal.SIGSTOP)
+            time.sleep(1.0)  # what was in flight is read
+            if session in (now := self.sessions()) and len(now) > others:
+                return
+            os.killpg(group, signal.SIGCONT)
