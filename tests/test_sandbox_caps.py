@@ -40,6 +40,7 @@ def test_processes_memory_and_disk_are_capped_on_local_and_bwrap(user: str) -> N
         got = measured[name]
         if "unavailable" in got:
             continue  # bwrap cannot run here
+        assert got["leftovers_at_start"] == 0, got  # the last backend's sandboxes are gone
         assert got["missing"] == [], got
         assert got["pids_limited"] and got["memory_limited"] in ("sandbox", "process"), got
         assert got["forked"] < 64, got  # 300 asked for
