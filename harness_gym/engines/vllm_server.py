@@ -41,6 +41,9 @@ Progress = Callable[[str], None]
 STARTUP_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
 LOADING_STOP_TIMEOUT_S = 3.0
+# Starts on a fresh port after the picked one was taken before the server could bind it
+# (another process picked it too: `_free_port`'s race).
+PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 15
 
 
@@ -78,17 +81,17 @@ class VLLMServer:
         self.python = find_vllm_python(python)
         self.max_model_len = int(max_model_len)
         self.host = host
-        self.port = port or _free_port(host)
+        #: Whether this server picked its port (it may then move to another, see `start`).
+        self.port_picked = not port
         self.served_model_name = served_model_name or str(self.model_dir)
-        self.url = f"http://{host}:{self.port}"
         self.startup_timeout_s = startup_timeout_s
-        self.argv = [
-            self.python, "-m", "vllm.entrypoints.openai.api_server",
+        self._args = [
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
-            "--host", host, "--port", str(self.port), "--dtype", dtype,
+            "--host", host, "--dtype", dtype,
             "--max-model-len", str(self.max_model_len), "--logprobs-mode", logprobs_mode,
             "--enforce-eager", *_unchunked(extra_args, self.max_model_len), *extra_args,
         ]
+        self._use_port(port or _free_port(host))
         self.env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1",
                     **(env or {})}
@@ -107,12 +110,42 @@ class VLLMServer:
         self.group: int | None = None
         self.startup_s: float | None = None
 
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://{self.host}:{port}"
+        self.argv = [self.python, "-m", "vllm.entrypoints.openai.api_server",
+                     "--port", str(port), *self._args]
+
     def start(self, progress: Progress | None = None) -> VLLMServer:
         """Start the process and wait until `GET /health` answers 200. `progress` is called
-        about every 10 s with the elapsed time and the log's last line."""
+        about every 10 s with the elapsed time and the log's last line. A server that picked
+        its port and exits because another process holds that port now starts again on a
+        fresh one (up to `PORT_ATTEMPTS` in all)."""
         if self.process is not None:
             return self
         started = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._launch()
+                self._wait_healthy(started, progress)
+                break
+            except VLLMServerError:
+                retry = (attempt < PORT_ATTEMPTS and self.port_picked
+                         and self.process is not None and self.process.poll() is not None
+                         and _port_taken(self.host, self.port))
+                own_log = self._own_log
+                self._abandon()
+                if not retry:
+                    raise
+                self._own_log = own_log  # the next attempt appends to the same log
+                self._use_port(_free_port(self.host))
+            except BaseException:
+                self._abandon()
+                raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _launch(self) -> None:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
         env = {"VLLM_RPC_BASE_PATH": str(self.runtime_dir), **self.env}
         with open(self.log_path, "ab") as log:
@@ -120,16 +153,13 @@ class VLLMServer:
                 self.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.group = self.process.pid
-        try:
-            self._wait_healthy(started, progress)
-        except BaseException:
-            self._own_log = False  # the error names the log: keep it
-            # A loading server has nothing to finish, and its engine core can sit in a native
-            # call (weights, warm-up) that holds off a SIGTERM for tens of seconds.
-            self.stop(LOADING_STOP_TIMEOUT_S)
-            raise
-        self.startup_s = time.monotonic() - started
-        return self
+
+    def _abandon(self) -> None:
+        """Stop a server that did not come up, keeping its log (an error names it)."""
+        self._own_log = False
+        # A loading server has nothing to finish, and its engine core can sit in a native
+        # call (weights, warm-up) that holds off a SIGTERM for tens of seconds.
+        self.stop(LOADING_STOP_TIMEOUT_S)
 
     def _wait_healthy(self, started: float, progress: Progress | None) -> None:
         assert self.process is not None
@@ -230,6 +260,16 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether another process holds `port` (it cannot be bound now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:
