@@ -30,7 +30,9 @@ file exists. A run killed at any moment resumes when the same command runs again
 at most: demos and evaluations record each episode as it ends and run only the missing ones
 (`run_tasks(resume=True)`), SFT resumes from its trainer checkpoint (every `sft_save_steps`
 optimizer steps), GRPO from its checkpoint (every step) with the groups of the step it was cut in
-replayed from their journal (`JournaledRollout`). The process id is in `run.pid`.
+replayed from their journal (`JournaledRollout`). The process id is in `run.pid`. A stage's
+wall and CPU time count every sitting it ran in: a cut one records its time in the stage's
+`sittings.json` (`curve.state.record_sitting`), and its metrics add them up when it ends.
 
 With `engine="vllm"` (every preset) ONE vLLM CPU server (`VLLMServer`, started by the pipeline at
 the first stage that samples from the policy, stopped when the run ends, whatever way it ends)
@@ -112,7 +114,7 @@ from curve.journal import (
 from curve.plan import measured_units, plan, vllm_throughput
 from curve.policy_server import PolicyServer
 from curve.process import cpu_seconds, log, preload, torch_threads
-from curve.state import RunState, discarded, reconcile
+from curve.state import RunState, discarded, earlier_sittings, reconcile, record_sitting
 from curve.summary import (
     brief,
     headline_summary,
@@ -159,13 +161,22 @@ class Pipeline:
         path = self.stage_dir(stage) / "metrics.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def spent(self, started: tuple[float, float], server_cpu: float) -> dict[str, float]:
+        """This sitting's time on a stage begun at `started` (wall, CPU): cpu_s counts this
+        process and its finished children (CLIs, graders); server_cpu_s the vLLM server's
+        processes (no finished child until the run ends)."""
+        return {"wall_s": time.monotonic() - started[0], "cpu_s": cpu_seconds() - started[1],
+                "server_cpu_s": self.server.cpu_seconds() - server_cpu}
+
     def finish(self, stage: str, metrics: dict[str, Any], started: tuple[float, float],
                load: tuple, server_cpu: float) -> None:
-        wall, cpu = started
-        # cpu_s: this process and its finished children (CLIs, graders); server_cpu_s: the
-        # vLLM server's processes over the stage (it is no finished child until the run ends)
-        metrics = {**metrics, "wall_s": time.monotonic() - wall, "cpu_s": cpu_seconds() - cpu,
-                   "server_cpu_s": self.server.cpu_seconds() - server_cpu,
+        # a stage resumed across sittings: its time is theirs and this one's
+        sittings = [*earlier_sittings(self.stage_dir(stage)), self.spent(started, server_cpu)]
+        # a sitting recorded by hand may lack CPU figures (None): the sums are then lower bounds
+        totals = {key: sum(s[key] or 0.0 for s in sittings)
+                  for key in ("wall_s", "cpu_s", "server_cpu_s")}
+        metrics = {**metrics, **totals, "sittings": len(sittings),
+                   "cpu_s_partial": any(s["cpu_s"] is None for s in sittings),
                    "threads": torch_threads(), "load_avg_start": list(load),
                    "load_avg_end": list(os.getloadavg())}
         path = self.stage_dir(stage) / "metrics.json"
@@ -196,7 +207,12 @@ class Pipeline:
                 started, load = (time.monotonic(), cpu_seconds()), os.getloadavg()
                 server_cpu = self.server.cpu_seconds()
                 runner = getattr(self, "stage_" + stage.replace("-", "_"))
-                self.finish(stage, runner(), started, load, server_cpu)
+                try:
+                    metrics = runner()
+                except BaseException:  # cut (a signal, the session's end) or failed
+                    record_sitting(self.stage_dir(stage), **self.spent(started, server_cpu))
+                    raise
+                self.finish(stage, metrics, started, load, server_cpu)
                 log(f"{stage}: done in {time.monotonic() - started[0]:.0f} s "
                     f"({cpu_seconds() - started[1]:.0f} CPU s)")
         finally:

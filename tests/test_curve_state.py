@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 from curve import state as state_module  # noqa: E402
 from curve.journal import last_checkpoint, train_resumed  # noqa: E402
-from curve.state import RunState, StateError, discarded, reconcile  # noqa: E402
+from curve.state import (  # noqa: E402
+    RunState,
+    StateError,
+    discarded,
+    earlier_sittings,
+    reconcile,
+    record_sitting,
+)
 
 CONFIG = {"mode": "quick", "lora_rank": 4}
 
@@ -322,3 +330,53 @@ def test_a_removed_stage_stays_on_the_books_once(tmp_path):
             ("train-pass", False, 90.0, None, ["sft_epochs"])]
     RunState(folder, work).save()  # the ledger travels with the run, readable in a diff
     assert json.loads((folder / "discarded.json").read_text()) == ledger
+
+
+def test_a_cut_stage_with_recorded_sittings_is_discarded_at_their_sum(tmp_path):
+    """A stage cut in two sittings is on the books at their summed time, not at its files'
+    span (which misses the time before its first file and after its last)."""
+    work = a_workdir(tmp_path)
+    write(work, "sft/trainer/checkpoint-1/adapter_model.safetensors", b"x")
+    record_sitting(work / "sft", 30.0, 20.0, 0.0)
+    record_sitting(work / "sft", 40.0, 25.0, 0.0)
+    assert [s["wall_s"] for s in earlier_sittings(work / "sft")] == [30.0, 40.0]
+    RunState(tmp_path / "state", work).save()
+    assert json.loads((tmp_path / "state" / "sft" / "sittings.json").read_text()) == \
+        earlier_sittings(work / "sft")  # plain: readable in a diff
+    reconcile(work, {**CONFIG, "sft_epochs": 3}, redo_changed=True)
+    (entry,) = discarded(work)
+    assert (entry["stage"], entry["complete"], entry["wall_s"], entry["cpu_s"]) == \
+        ("sft", False, 70.0, 45.0)
+
+
+def test_a_stage_cut_in_one_sitting_and_finished_in_the_next_counts_both(tmp_path, monkeypatch):
+    """The pipeline records the sitting a stage is cut in (here a Ctrl-C inside it), and the
+    stage's metrics, when it ends in a later sitting, count both sittings' time."""
+    import learning_curve
+
+    sittings_run: list[float] = []
+
+    def demos(self):
+        time.sleep(0.3)
+        sittings_run.append(time.monotonic())
+        if len(sittings_run) == 1:
+            raise KeyboardInterrupt
+        return {"answer": 42}
+
+    monkeypatch.setattr(learning_curve.Pipeline, "stage_demos", demos)
+    monkeypatch.setattr(learning_curve, "preload", lambda: None)
+    work = tmp_path / "work"
+
+    def pipeline():
+        return learning_curve.Pipeline(learning_curve.PRESETS["quick"], work,
+                                       tmp_path / "results", progress=False)
+
+    with pytest.raises(KeyboardInterrupt):
+        pipeline().run(["demos"])
+    (cut,) = earlier_sittings(work / "demos")
+    assert 0.3 <= cut["wall_s"] < 30 and not (work / "demos" / "metrics.json").exists()
+    pipeline().run(["demos"])
+    done = json.loads((work / "demos" / "metrics.json").read_text())
+    assert done["answer"] == 42 and done["sittings"] == 2 and not done["cpu_s_partial"]
+    assert cut["wall_s"] + 0.3 <= done["wall_s"] < cut["wall_s"] + 30
+    assert done["cpu_s"] >= cut["cpu_s"]

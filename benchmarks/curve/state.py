@@ -21,6 +21,10 @@ touches no stage it has begun (`reconcile`): e.g. new SFT settings keep the demo
 had cost stays on the books: `discarded.json` (`DISCARDED`) lists each one, its wall and CPU
 seconds (a stage cut before its end: the span of its files' times, a lower bound), so the run's
 time against its budget counts the work thrown away too.
+
+A stage cut at a session's end and resumed in the next spends time in each sitting: each cut
+sitting adds its wall and CPU seconds to the stage's `sittings.json` (`record_sitting`), and the
+stage's metrics count them all when it ends (`earlier_sittings`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from .process import log
 #: place in git, and no file of a LoRA run comes near it.
 MAX_FILE_BYTES = 40 << 20
 DISCARDED = "discarded.json"  # the ledger of removed stages (module docstring)
-PLAIN = {"metrics.json", "config.json", DISCARDED}
+SITTINGS = "sittings.json"  # a stage's cut sittings (module docstring)
+PLAIN = {"metrics.json", "config.json", DISCARDED, SITTINGS}
 COMPRESSED_SUFFIXES = {".json", ".jsonl"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json"}
@@ -211,14 +216,31 @@ def record_discarded(folder: Path, stage: str, changed: list[str], recorded: byt
     if metrics.is_file():
         done = json.loads(metrics.read_text())
         entry.update(complete=True, wall_s=done.get("wall_s"), cpu_s=done.get("cpu_s"))
-    else:  # cut: from its first file to its last one, a lower bound
+    else:  # cut: its sittings, or from its first file to its last one (a lower bound)
         times = [p.stat().st_mtime for p in RunState._files(folder / stage)]
-        entry.update(complete=False, wall_s=max(times) - min(times) if times else 0.0,
-                     cpu_s=None)
+        sittings = earlier_sittings(folder / stage)
+        span = max(times) - min(times) if times else 0.0
+        entry.update(complete=False,
+                     wall_s=max(span, sum(s["wall_s"] for s in sittings)),
+                     cpu_s=sum(s["cpu_s"] for s in sittings) if sittings else None)
     ledger = discarded(folder)
     if any((e["stage"], e["config_sha256"]) == (stage, entry["config_sha256"]) for e in ledger):
         return
     _write(folder / DISCARDED, json.dumps([*ledger, entry], indent=2).encode(), time.time_ns())
+
+
+def earlier_sittings(stage_dir: Path) -> list[dict[str, Any]]:
+    """The cut sittings `record_sitting` recorded for a stage, oldest first."""
+    path = stage_dir / SITTINGS
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def record_sitting(stage_dir: Path, wall_s: float, cpu_s: float, server_cpu_s: float) -> None:
+    """Add a sitting in which the stage was cut to its `sittings.json`."""
+    entry = {"wall_s": wall_s, "cpu_s": cpu_s, "server_cpu_s": server_cpu_s,
+             "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write(stage_dir / SITTINGS,
+           json.dumps([*earlier_sittings(stage_dir), entry], indent=2).encode(), time.time_ns())
 
 
 def _write(path: Path, data: bytes, mtime_ns: int) -> None:
