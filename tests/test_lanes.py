@@ -1,10 +1,12 @@
 """tests/lanes.txt, the lanes scripts/test-lanes runs (lanes `a` and `b` at once, then `alone`),
 holds every test module exactly once, so a module added without a lane is caught here rather than
-left out of a laned run. Reads files only: no pytest run, no subprocess."""
+left out of a laned run, and that the runner hands each lane its modules (its dry run: no pytest
+run)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -48,3 +50,16 @@ def test_the_modules_that_start_a_local_ray_instance_never_run_at_the_same_time(
               and needle in (TESTS.parent / path).read_text()}
     assert starts, "no module starts a local Ray instance: drop this test"
     assert not {"a", "b"} <= {lane for lane, _ in starts}, sorted(starts)
+
+
+def test_the_runner_hands_each_lane_its_modules_in_order_with_the_arguments_given() -> None:
+    done = subprocess.run([str(TESTS.parent / "scripts" / "test-lanes"), "--dry-run", "-x"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    commands = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert sorted(commands) == sorted(NAMES)
+    for name in NAMES:
+        words = commands[name].split()
+        modules = [w for w in words if w.startswith("tests/")]
+        assert modules == [path for lane, path in lanes() if lane == name]
+        assert "-x" in words and any(w.startswith("--basetemp=") and w.endswith(f"/{name}")
+                                     for w in words)

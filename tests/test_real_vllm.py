@@ -425,6 +425,16 @@ def test_session_affinity_keeps_each_conversation_on_the_server_that_caches_its_
     assert rates["affinity"] > rates["alternating"] + 0.2, rates
 
 
+def episode_story(info: dict | None) -> str:
+    """An episode's end as a failure message needs it: outcome, calls, what the CLI said."""
+    if info is None:
+        return "the episode: still running"
+    out = info["harness_output"]
+    return (f"the episode: {info['outcome']}, {info['n_llm_calls']} calls, error "
+            f"{info['error']!r}, CLI error {out['error']!r}, stdout {out['tail'][-600:]!r}, "
+            f"stderr {out['stderr_tail'][-600:]!r}, {info['duration_s']:.0f} s")
+
+
 def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
         engine, second, tmp_path):
     """While a Pi episode and a client's chat stream are mid-generation on it, the server is
@@ -484,7 +494,7 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
             streaming.start()
             watch.freeze_mid_stream(  # this session's call and the episode's, stopped there
                 session.session_id, others=1, group=second.group, timeout_s=180,
-                why=lambda: f"the episode: {(got.get('info') or {}).get('outcome')}")
+                why=lambda: episode_story(got.get("info")))
             os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
             streaming.join(60)
             episode.join(180)

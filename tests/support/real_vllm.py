@@ -124,6 +124,9 @@ class StreamWatch:
     def __init__(self, engine) -> None:
         self._streaming: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
+        self._began = time.monotonic()
+        #: (seconds since the watch began, session, "first token" or "ended") of every call
+        self.history: list[tuple[float, str, str]] = []
         inner = engine.stream
 
         async def stream(prompt, sampling, context):
@@ -135,13 +138,18 @@ class StreamWatch:
                             counted = True
                             with self._lock:
                                 self._streaming[context.routing_key] += 1
+                                self._note(context.routing_key, "first token")
                         yield chunk
             finally:
-                if counted:
-                    with self._lock:
+                with self._lock:
+                    if counted:
                         self._streaming[context.routing_key] -= 1
+                    self._note(context.routing_key, "ended")
 
         engine.stream = stream
+
+    def _note(self, key: str, event: str) -> None:
+        self.history.append((round(time.monotonic() - self._began, 2), key, event))
 
     def sessions(self) -> set[str]:
         with self._lock:
@@ -158,7 +166,8 @@ class StreamWatch:
         while True:
             while not (session in (now := self.sessions()) and len(now) > others):
                 assert time.monotonic() < deadline, \
-                    f"streaming: {now}; waited for {session} + {others}; {why()}"
+                    f"streaming: {now}; waited for {session} + {others}; {why()}; " \
+                    f"calls: {self.history}"
                 time.sleep(0.01)
             os.killpg(group, signal.SIGSTOP)
             time.sleep(1.0)  # what was in flight is read
