@@ -437,14 +437,15 @@ def episode_story(info: dict | None) -> str:
 
 def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_has_not_begun(
         engine, second, tmp_path):
-    """While a Pi episode and a client's chat stream are mid-generation on it, the server is
-    SIGKILLed: the client gets its dialect's error, the episode ends `infra_error` with
-    nothing left running; sessions it owned that had not begun are served by the other.
+    """While a Pi episode's call is in flight on it and a client's chat stream mid-generation,
+    the server is SIGKILLed: the client gets its dialect's error, the episode ends
+    `infra_error` with nothing left running; sessions it owned that had not begun are served
+    by the other.
 
-    The kill comes while the server is stopped (SIGSTOP) with both calls mid-generation and
-    everything it had sent read (`StreamWatch.freeze_mid_stream`). Before, it waited for both
-    to be running at one poll, and Pi's one call could end unseen, the episode with it (CI
-    failed so; reproduced 1 in 2 on a quiet machine: "the episode: failed, 1 calls")."""
+    The kill comes while the server is stopped (SIGSTOP) with both calls in flight, the
+    client's streaming, and everything it had sent read (`StreamWatch.freeze_mid_stream`).
+    Waiting for Pi's call to stream too failed 2 of 2 beside a training run: the server sent
+    its 2,048 tokens in one burst 0.24 s before it ended, after a minute of nothing."""
     needs_pi()
     urls = [engine.urls[0], second.url]
     pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,

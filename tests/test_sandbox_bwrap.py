@@ -8,6 +8,7 @@ tests/test_sandbox_attacks.py."""
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import tempfile
 import threading
@@ -317,3 +318,55 @@ def test_a_pi_episode_with_the_oracle_passes_inside_bwrap() -> None:
         assert terminated and reward > 0
     finally:
         env.close()
+
+
+def _bwrap_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """A `bwrap` ahead of the real one on PATH: a host where bubblewrap misbehaves so."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+
+def test_a_host_without_namespaces_is_refused_with_bwraps_own_words(tmp_path, monkeypatch):
+    import harness_gym.sandbox.bwrap as bwrap
+
+    monkeypatch.setattr(bwrap, "_WORKS", set())
+    _bwrap_on_path(tmp_path, monkeypatch,
+                   "echo 'bwrap: No permissions to create new namespace' >&2; exit 1")
+    assert not bwrap_available()
+    with pytest.raises(SandboxError, match=r"cannot run here \(bwrap exits 1: bwrap: No "
+                                           r"permissions to create new namespace\).*docker"):
+        BwrapSandboxBackend().create(SandboxSpec())
+
+
+def test_a_probe_that_times_out_is_tried_again_and_then_named_so(tmp_path, monkeypatch):
+    import harness_gym.sandbox.bwrap as bwrap
+
+    monkeypatch.setattr(bwrap, "_WORKS", set())
+    monkeypatch.setattr(bwrap, "_PROBE_TIMEOUTS_S", (0.2, 0.3))
+    tries = tmp_path / "tries"
+    _bwrap_on_path(tmp_path, monkeypatch, f"echo try >> {tries}; exec sleep 30")
+    assert bwrap.bwrap_unavailable_because() == "bwrap made no namespaces within 0 s"
+    assert tries.read_text().count("try") == 2
+    # the second try, slower than the first allowed, is what counts
+    tries.unlink()
+    _bwrap_on_path(tmp_path / "slow", monkeypatch,
+                   f"echo try >> {tries}; [ $(wc -l < {tries}) -gt 1 ] || exec sleep 30")
+    assert bwrap.bwrap_unavailable_because() is None and tries.read_text().count("try") == 2
+
+
+def test_once_bwrap_has_worked_a_busy_host_cannot_fail_a_sandboxs_start(tmp_path, monkeypatch):
+    """A success is kept for the process: a later start does not probe again, so a probe slowed
+    or failed by load (seen beside a training run: 'bubblewrap cannot run here' mid-suite)
+    cannot refuse a sandbox on a host where bwrap works."""
+    import harness_gym.sandbox.bwrap as bwrap
+
+    monkeypatch.setattr(bwrap, "_WORKS", set())
+    assert bwrap.bwrap_unavailable_because() is None  # the real bwrap
+    probed = tmp_path / "probed"
+    _bwrap_on_path(tmp_path, monkeypatch, f"touch {probed}; exit 1")
+    assert bwrap_available() and not probed.exists()
+    assert bwrap.bwrap_unavailable_because("host") is not None  # another network: probed
+    assert probed.exists()

@@ -174,18 +174,43 @@ def _nproc_holds() -> bool:
     return _rlimits.nproc_works(outer)
 
 
-@functools.cache
 def bwrap_available(network: Network = "none") -> bool:
     """Whether bubblewrap is installed and can make namespaces here (not in every container),
     with a network namespace of its own unless `network="host"`."""
+    return bwrap_unavailable_because(network) is None
+
+
+# Networks bwrap has made namespaces for in this process: a host that allows them once allows
+# them for good, so a sandbox's start does not probe again (and a busy host cannot fail it). A
+# failure is not kept: it was, and one probe timed out by load refused every later sandbox of
+# the process (seen mid-suite beside a training run: 'bubblewrap cannot run here').
+_WORKS: set[str] = set()
+# A loaded host can take seconds to make a network namespace (the kernel tears old ones down
+# under one lock): a probe that times out is tried once more with longer.
+_PROBE_TIMEOUTS_S = (10.0, 60.0)
+
+
+def bwrap_unavailable_because(network: Network = "none") -> str | None:
+    """Why bubblewrap cannot make this sandbox's namespaces here, or None where it can."""
+    if network in _WORKS:
+        return None
     if shutil.which("bwrap") is None:
-        return False
-    probe = ["bwrap", *_LIFETIME, *_USERNS, *_NAMESPACES, *_network_args(network), *_system_mounts(),
-             "--proc", "/proc", "true"]  # fmt: skip
-    try:
-        return subprocess.run(probe, check=False, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        return "bwrap is not installed"
+    probe = ["bwrap", *_LIFETIME, *_USERNS, *_NAMESPACES, *_network_args(network),
+             *_system_mounts(), "--proc", "/proc", "true"]  # fmt: skip
+    for timeout in _PROBE_TIMEOUTS_S:
+        try:
+            done = subprocess.run(probe, check=False, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            continue
+        except OSError as exc:
+            return f"bwrap does not start: {exc}"
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[-300:]
+            return f"bwrap exits {done.returncode}: {said or 'saying nothing'}"
+        _WORKS.add(network)
+        return None
+    return f"bwrap made no namespaces within {sum(_PROBE_TIMEOUTS_S):.0f} s"
 
 
 class BwrapJob(LocalJob):
@@ -356,10 +381,11 @@ class BwrapSandboxBackend(LocalSandboxBackend):
         return host_caps(self.limits, how, self.name)
 
     def create(self, spec: SandboxSpec) -> BwrapSandbox:
-        if not bwrap_available(self.network):
+        reason = bwrap_unavailable_because(self.network)
+        if reason is not None:
             raise SandboxError(
-                "bubblewrap cannot run here: install it (`apt-get install bubblewrap`) on a host"
-                " that allows namespaces, or use the `docker` sandbox"
+                f"bubblewrap cannot run here ({reason}): install it (`apt-get install "
+                "bubblewrap`) on a host that allows namespaces, or use the `docker` sandbox"
             )
         return BwrapSandbox(spec, self._system_mounts, limits=self.limits,
                             network=self.network, tmp_bytes=self.tmp_bytes)  # fmt: skip

