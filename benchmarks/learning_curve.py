@@ -86,6 +86,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -93,46 +94,37 @@ from pathlib import Path
 from typing import Any
 
 from curve.config import (
-    ARMS,
     PRESETS,
     STAGES,
     ZONE,
     CurveConfig,
-    arm_reward,
-    arm_stages,  # noqa: F401  (tests/test_learning_curve.py reads it here)
     parse_overrides,
     recorded_differences,
     wanted,
 )
-from curve.journal import (
-    JournaledRollout,
-    PointSaver,
-    StepTimer,
-    points_of,
-    train_resumed,
-)
-from curve.plan import measured_units, plan, vllm_throughput
+from curve.evaluation import EvaluationStages
+from curve.grpo import GrpoStages
+from curve.journal import StepTimer, train_resumed
 from curve.policy_server import PolicyServer
 from curve.process import cpu_seconds, log, preload, torch_threads
-from curve.state import RunState, discarded, earlier_sittings, reconcile, record_sitting
-from curve.summary import (
-    brief,
-    headline_summary,
-    paired_table,
-    sweep_score,
-    targets,
-    tool_call_counts,
-)
+from curve.results import ResultsWriter
+from curve.state import RunState, earlier_sittings, reconcile, record_sitting
+from curve.summary import tool_call_counts
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 
-class Pipeline:
+class Pipeline(GrpoStages, EvaluationStages, ResultsWriter):
+    """The run: its stages in order, each resumable, each recorded in the workdir (and the
+    state); the GRPO, evaluation and results parts live in `curve.grpo`, `curve.evaluation` and
+    `curve.results`."""
+
     def __init__(self, config: CurveConfig, workdir: Path, results_dir: Path, *,
                  progress: bool = True, state: Path | None = None,
-                 redo_changed: bool = False) -> None:
+                 redo_changed: bool = False, keep_checkpoints: bool = False) -> None:
         self.config = config
+        self.keep_checkpoints = keep_checkpoints
         self.redo_changed = redo_changed
         self.workdir = workdir
         self.results_dir = results_dir
@@ -161,6 +153,13 @@ class Pipeline:
         path = self.stage_dir(stage) / "metrics.json"
         return json.loads(path.read_text()) if path.exists() else None
 
+    def drop_trainer(self, run_dir: Path) -> None:
+        """Remove a finished run's trainer checkpoint (an adapter with its optimizer state, 30 MB
+        for SmolLM2's rank-8 adapter): nothing resumes it, and the state would carry it in git
+        (`--keep-checkpoints` keeps it, e.g. to train it on)."""
+        if not self.keep_checkpoints:
+            shutil.rmtree(run_dir / "trainer", ignore_errors=True)
+
     def spent(self, started: tuple[float, float], server_cpu: float) -> dict[str, float]:
         """This sitting's time on a stage begun at `started` (wall, CPU): cpu_s counts this
         process and its finished children (CLIs, graders); server_cpu_s the vLLM server's
@@ -183,6 +182,7 @@ class Pipeline:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(metrics, indent=2))
         tmp.replace(path)  # atomic: a half-written file never marks a stage done
+        self.drop_trainer(self.stage_dir(stage))  # its weights are in model/, figures above
         if self.state is not None:
             self.state.save()
 
@@ -197,6 +197,10 @@ class Pipeline:
         (self.workdir / "run.pid").write_text(f"{os.getpid()}\n")
         if any(self.done(stage) is None for stage in stages):
             preload()
+        for stage in STAGES:  # a state saved before finished runs' checkpoints were dropped
+            if self.done(stage) is not None:
+                for run_dir in [self.stage_dir(stage), *self.stage_dir(stage).glob("lr-*")]:
+                    self.drop_trainer(run_dir)
         try:
             for stage in stages:
                 if self.done(stage) is not None:
@@ -390,273 +394,6 @@ class Pipeline:
                 "temperature": c.grpo_temperature, "top_p": c.grpo_top_p,
                 "top_k": c.grpo_top_k, "samples_per_instance": c.calib_samples}
 
-    def stage_lr_sweep(self) -> dict[str, Any]:
-        c = self.config
-        rates = [float(x) for x in c.lr_sweep.split(",") if x.strip()]
-        runs = []
-        for rate in rates:
-            out = self.stage_dir("lr-sweep") / f"lr-{rate:g}"
-            kept = out / "run.json"
-            if kept.exists():
-                runs.append(json.loads(kept.read_text()))
-                continue
-            wall, cpu = time.monotonic(), cpu_seconds()
-            trained = self.train_grpo(out, arm_reward("grpo", c.tool_penalty), rate,
-                                      c.lr_sweep_steps, keep_model=False)
-            run = {"learning_rate": rate, "steps": trained["steps"],
-                   "score": sweep_score(trained["steps"]),
-                   "wall_s": time.monotonic() - wall, "cpu_s": cpu_seconds() - cpu}
-            kept.write_text(json.dumps(run))
-            runs.append(run)
-            log(f"lr-sweep {rate:g}: score {run['score']}")
-        scored = [r for r in runs if r["score"] is not None]
-        pick = (max(scored, key=lambda r: r["score"])["learning_rate"] if scored
-                else c.grpo_learning_rate or (rates[0] if rates else 1e-5))
-        return {"runs": runs, "pick": pick,
-                "criterion": "mean rollout reward after each run's first step"}
-
-    def arm_learning_rate(self) -> float:
-        if self.config.grpo_learning_rate > 0:
-            return self.config.grpo_learning_rate
-        sweep = self.done("lr-sweep")
-        if sweep is None:
-            raise SystemExit("grpo_learning_rate=0 takes the lr-sweep's pick: run lr-sweep")
-        return float(sweep["pick"])
-
-    def stage_grpo(self) -> dict[str, Any]:
-        return self.train_arm("grpo")
-
-    def stage_grpo_nopenalty(self) -> dict[str, Any]:
-        return self.train_arm("grpo-nopenalty")
-
-    def stage_grpo_flat(self) -> dict[str, Any]:
-        return self.train_arm("grpo-flat")
-
-    def train_arm(self, stage: str) -> dict[str, Any]:
-        """One GRPO arm from the SFT checkpoint, its reward per `arm_reward`."""
-        c = self.config
-        rate = self.arm_learning_rate()
-        out = self.train_grpo(self.stage_dir(stage), arm_reward(stage, c.tool_penalty), rate,
-                              c.grpo_steps, eval_every=c.grpo_eval_every)
-        return {**out, "learning_rate": rate}
-
-    def train_grpo(self, out: Path, reward: dict[str, Any], learning_rate: float, steps: int,
-                   *, eval_every: int = 0, keep_model: bool = True) -> dict[str, Any]:
-        """GRPO from the SFT checkpoint into `out` (resumable); every `eval_every` steps the
-        weights are saved under `out/points/step-N` for the evaluation."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from trl import GRPOConfig
-
-        from harness_gym.integrations.trl import harness_reward, make_rollout_func, task_dataset
-        from harness_gym.training.lora import is_adapter_dir, load_adapter
-        from harness_gym.training.trainers import FrozenPrefixGRPOTrainer
-
-        c = self.config
-        start = self.stage_dir("sft") / "model"
-        if is_adapter_dir(start):  # LoRA: GRPO goes on training the SFT adapter
-            base = AutoModelForCausalLM.from_pretrained(self.base_dir(), dtype="float32")
-            model = load_adapter(base, start, trainable=True)
-            tokenizer = AutoTokenizer.from_pretrained(self.base_dir())
-        else:
-            model = AutoModelForCausalLM.from_pretrained(start, dtype="float32")
-            tokenizer = AutoTokenizer.from_pretrained(start)
-        train_tasks = self.train_tasks()
-        served = self.server.for_training() if c.engine == "vllm" else {}
-        rollout = make_rollout_func(
-            harness=c.harness, tasks=train_tasks, max_tokens=c.max_tokens, sandbox=c.sandbox,
-            reward=reward, episode_timeout_s=c.episode_timeout_s,
-            max_model_calls=c.max_model_calls or None,
-            dynamic_sampling=c.grpo_dynamic_draws or None, **served)
-        logged = JournaledRollout(rollout, out, c.grpo_group_size)
-        args = GRPOConfig(
-            output_dir=str(out / "trainer"), per_device_train_batch_size=c.grpo_group_size,
-            num_generations=c.grpo_group_size, gradient_accumulation_steps=c.grpo_groups_per_step,
-            max_steps=steps, learning_rate=learning_rate,
-            lr_scheduler_type="constant", temperature=c.grpo_temperature, top_p=c.grpo_top_p,
-            top_k=c.grpo_top_k, beta=0.0,
-            max_completion_length=c.max_tokens, logging_steps=1, save_strategy="steps",
-            save_steps=c.grpo_save_steps, save_total_limit=1, report_to="none", use_cpu=True,
-            bf16=False, activation_checkpointing=False, seed=c.seed)
-        timer = StepTimer()
-        callbacks = [timer] + ([PointSaver(out / "points", eval_every, steps, tokenizer)]
-                               if eval_every else []) + self.state_callbacks()
-        trainer = FrozenPrefixGRPOTrainer(
-            model=model, processing_class=tokenizer, args=args,
-            train_dataset=task_dataset(train_tasks), reward_funcs=harness_reward,
-            rollout_func=logged, callbacks=callbacks)
-        try:
-            train_resumed(trainer, out / "trainer")
-        finally:
-            rollout.close()
-            self.server.forget()  # the server now holds this run's weights
-        if keep_model:
-            trainer.save_model(out / "model")
-            tokenizer.save_pretrained(out / "model")
-        records = logged.read()
-        for record in records:  # a step's time beyond its rollout was the optimisation
-            wall, cpu = timer.by_step.get(record["step"], (None, None))
-            record["train_s"] = None if wall is None else max(0.0, wall - record["rollout_s"])
-            record["train_cpu_s"] = None if cpu is None else max(0.0, cpu - record["rollout_cpu_s"])
-        return {"steps": records, "optimizer_steps": trainer.state.global_step,
-                "reward": reward, "points": points_of(out),
-                "log_history": trainer.state.log_history, **trainer.frozen_prefix_stats()}
-
-    def run_episodes(self, name: str, tasks: list[Any], temperature: float, samples: int,
-                     out_dir: Path, weights: Path | None = None) -> list[dict[str, Any]]:
-        """`samples` episodes per task of checkpoint `name` (its weights, or `weights`) at
-        `temperature` (resumable)."""
-        from harness_gym.training.evaluation import run_tasks
-
-        c = self.config
-        weights = self.weights(weights) if weights is not None else self.checkpoint(name)
-        if c.engine == "vllm":
-            engine, own = self.server.serving(name, weights), False
-        else:
-            from harness_gym.engines import TransformersEngine
-
-            engine = TransformersEngine.from_pretrained(weights, model_name="policy")
-            own = True
-        try:
-            return run_tasks(
-                tasks, self.episode_config(engine, temperature, c.max_tokens,
-                                           seeded=samples == 1),
-                out_dir=out_dir, num_envs=c.concurrent_episodes, progress=self.progress,
-                resume=True, samples=samples)
-        finally:
-            if own:
-                engine.close()
-
-    def evaluate(self, name: str) -> dict[str, Any]:
-        """Checkpoint `name` on the held-out instances, `eval_samples` at the rollout
-        temperature and one greedy; a GRPO arm's points along its run alike."""
-        from harness_gym.training.evaluation import summarize
-
-        c = self.config
-        tasks = self.tasks(c.heldout_suite, c.n_heldout)
-        out = self.stage_dir(f"eval-{name}")
-
-        def one(label: str, weights: Path | None, samples: int) -> dict[str, Any]:
-            wall, cpu = time.monotonic(), cpu_seconds()
-            sampled = self.run_episodes(name, tasks, c.grpo_temperature, samples,
-                                        out / label / "sampled", weights)
-            greedy = self.run_episodes(name, tasks, 0.0, 1, out / label / "greedy", weights)
-            return {**summarize(sampled), "episodes": sampled,
-                    "greedy": {**summarize(greedy), "episodes": greedy},
-                    "episodes_run": len(sampled) + len(greedy),
-                    "eval_s": time.monotonic() - wall, "eval_cpu_s": cpu_seconds() - cpu}
-
-        points = []
-        trained = self.done(name) if name in ARMS.values() else None
-        for point in (trained or {}).get("points", []):
-            label = f"step-{point['step']}"
-            at = one(label, self.stage_dir(name) / "points" / label,
-                     c.point_samples or c.eval_samples)
-            points.append({"step": point["step"], "samples_per_instance":
-                           at["samples_per_instance"], "n_episodes_run": at["episodes_run"],
-                           **brief(at)})
-        final = one("final", None, c.eval_samples)
-        if trained is not None:
-            points.append({"step": trained["optimizer_steps"],
-                           "samples_per_instance": final["samples_per_instance"],
-                           "n_episodes_run": final["episodes_run"], **brief(final)})
-        summary = {k: v for k, v in final.items() if k != "episodes"}
-        run = final["episodes_run"] + sum(
-            p["n_episodes_run"] for p in points[:-1 if trained is not None else None])
-        return {"summary": summary, "episodes": final["episodes"], "points": points,
-                "episodes_total": run,
-                "sampling": {"temperature": c.grpo_temperature, "top_p": c.grpo_top_p,
-                             "top_k": c.grpo_top_k, "max_tokens": c.max_tokens,
-                             "samples_per_instance": c.eval_samples, "greedy": 1},
-                "server": self.server.stats()}
-
-    def stage_eval_base(self) -> dict[str, Any]:
-        return self.evaluate("base")
-
-    def stage_eval_sft(self) -> dict[str, Any]:
-        return self.evaluate("sft")
-
-    def stage_eval_grpo(self) -> dict[str, Any]:
-        return self.evaluate("grpo")
-
-    def stage_eval_grpo_nopenalty(self) -> dict[str, Any]:
-        return self.evaluate("grpo-nopenalty")
-
-    def stage_eval_grpo_flat(self) -> dict[str, Any]:
-        return self.evaluate("grpo-flat")
-
-    # --- results ------------------------------------------------------------------------------
-
-    def plan(self, results: dict[str, Any]) -> dict[str, Any] | None:
-        """The full preset's plan: from this run when it is the calibration (all its stages
-        done), else from the committed calibration results."""
-        calibration = results if self.config.mode == "calibrate" else None
-        if calibration is None:
-            path = self.results_dir / "learning_curve_calibrate.json"
-            calibration = json.loads(path.read_text()) if path.exists() else None
-        if calibration is None or self.config.mode == "quick":
-            return None
-        engines = self.results_dir / "engines_cpu.json"  # the server's throughput by level
-        throughput = vllm_throughput(json.loads(engines.read_text())) if engines.exists() \
-            else None
-        try:
-            return {"from": "learning_curve_calibrate.json",
-                    **plan(PRESETS["full"], calibration, throughput)}
-        except (KeyError, ZeroDivisionError, ValueError):
-            # the calibration is not complete yet: the units it has measured
-            return {"from": "learning_curve_calibrate.json", "complete": False,
-                    "units_measured": measured_units(calibration)}
-
-    @property
-    def results_name(self) -> str:
-        mode = self.config.mode
-        return "learning_curve" if mode == "full" else f"learning_curve_{mode}"
-
-    def write_results(self) -> dict[str, Any]:
-        from harness_gym.training.report import plot_learning_curve, results_table
-
-        stages: dict[str, Any] = {"eval": {}}
-        for stage in STAGES:
-            metrics = self.done(stage)
-            if metrics is None:
-                continue
-            if stage.startswith("eval-"):
-                summary = metrics.pop("summary")
-                stages["eval"][stage[5:]] = {**summary, **metrics}
-            else:
-                stages[stage] = metrics
-        results = {"mode": self.config.mode, "config": dataclasses.asdict(self.config),
-                   "machine": {"cores": os.cpu_count()}, "stages": stages}
-        results["times"] = {stage: {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
-                            for stage in STAGES if (m := self.done(stage)) is not None}
-        total = {k: sum(t[k] for t in results["times"].values()) for k in ("wall_s", "cpu_s")}
-        # stages run and then removed (a changed configuration) spent the budget too
-        results["discarded"] = discarded(self.workdir)
-        thrown = sum(e["wall_s"] or 0.0 for e in results["discarded"])
-        results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
-                                  "cpu_h": round(total["cpu_s"] / 3600, 2),
-                                  "discarded_wall_s": thrown,
-                                  "spent_wall_h": round((total["wall_s"] + thrown) / 3600, 2)}
-        calib = stages.get("train-pass")
-        results["calibration"] = None if calib is None else {
-            "sft_train_pass_at_temperature": calib["summary"]["pass_at_1"],
-            "ci": calib["summary"]["pass_at_1_ci"], "zone": calib["zone"],
-            "in_zone": calib["in_zone"], "by_kind": calib["pass_rate_by_kind"],
-            "temperature": calib["temperature"], "episodes": calib["summary"]["n_episodes"]}
-        results["summary"] = headline_summary(stages["eval"])
-        results["paired"] = paired_table(stages["eval"])
-        results["targets"] = targets(stages["eval"])
-        results["plan"] = self.plan(results)
-        if self.state is not None:  # what the committed state weighs, stage by stage
-            sizes = self.state.bytes_by_stage()
-            results["state"] = {"bytes_by_stage": sizes, "bytes_total": sum(sizes.values())}
-        self.results_dir.mkdir(parents=True, exist_ok=True)
-        name = self.results_name
-        (self.results_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
-        if len(stages) > 1:  # a stage done: the plot says what there is (no stale one)
-            plot_learning_curve(results, self.results_dir / f"{name}.png")
-            log("\n" + results_table(results))
-        return results
-
 
 def validation_record(history: list[dict[str, Any]], state: Any,
                       held_out: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -732,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detach", action="store_true",
                         help="run in the background in its own session, output appended to "
                              "WORKDIR.log; prints the process id and the log's path")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each finished run's trainer checkpoint (SFT's, each arm's, "
+                             "each swept rate's: an adapter with its optimizer state); by "
+                             "default dropped when the run ends, since nothing resumes it")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     preset = "quick" if args.quick else args.preset or "full"
@@ -749,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown stage {unknown[0]!r}; stages: {', '.join(STAGES)}")
     pipeline = Pipeline(config, workdir, args.results, progress=not args.no_progress,
-                        state=args.state, redo_changed=args.redo_changed)
+                        state=args.state, redo_changed=args.redo_changed,
+                        keep_checkpoints=args.keep_checkpoints)
     # A SIGTERM (`kill PID`) ends the run through its `finally`s: the vLLM server (its own
     # session, so no signal reaches it from the terminal) is stopped, not left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -380,3 +380,36 @@ def test_a_stage_cut_in_one_sitting_and_finished_in_the_next_counts_both(tmp_pat
     assert done["answer"] == 42 and done["sittings"] == 2 and not done["cpu_s_partial"]
     assert cut["wall_s"] + 0.3 <= done["wall_s"] < cut["wall_s"] + 30
     assert done["cpu_s"] >= cut["cpu_s"]
+
+
+def test_a_finished_runs_trainer_checkpoint_leaves_the_workdir_and_the_state(tmp_path,
+                                                                              monkeypatch):
+    """Nothing resumes a finished stage's trainer checkpoint (an adapter and its optimizer
+    state): it is dropped when the stage ends, and a state saved before that rule (an lr-sweep
+    rate's) loses it at the next run, while the weights the stage ends with stay."""
+    import learning_curve
+
+    def sft(self):
+        for part in ("trainer/checkpoint-3", "model"):
+            (self.stage_dir("sft") / part).mkdir(parents=True)
+            (self.stage_dir("sft") / part / "adapter_model.safetensors").write_bytes(b"w" * 64)
+        return {"optimizer_steps": 3}
+
+    monkeypatch.setattr(learning_curve.Pipeline, "stage_sft", sft)
+    monkeypatch.setattr(learning_curve, "preload", lambda: None)
+    work, state = tmp_path / "work", tmp_path / "state"
+    sweep = work / "lr-sweep"
+    (sweep / "lr-2e-05" / "trainer" / "checkpoint-2").mkdir(parents=True)
+    (sweep / "lr-2e-05" / "trainer" / "checkpoint-2" / "optimizer.pt").write_bytes(b"o" * 64)
+    (sweep / "lr-2e-05" / "run.json").write_text(json.dumps({"score": 0.5}))
+    (sweep / "metrics.json").write_text(json.dumps({"pick": 2e-05, "wall_s": 1.0,
+                                                     "cpu_s": 1.0}))
+    pipeline = learning_curve.Pipeline(learning_curve.PRESETS["quick"], work,
+                                       tmp_path / "results", progress=False, state=state)
+    pipeline.run(["sft"])
+    for root in (work, state):
+        assert (root / "sft" / "metrics.json").exists()
+        assert (root / "sft" / "model" / "adapter_model.safetensors").exists()
+        assert not (root / "sft" / "trainer").exists()
+        assert (root / "lr-sweep" / "lr-2e-05").is_dir()
+        assert not (root / "lr-sweep" / "lr-2e-05" / "trainer").exists()

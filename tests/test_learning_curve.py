@@ -34,6 +34,8 @@ STAGES = ("demos", "sft", "train-pass", "lr-sweep", "grpo", "grpo-nopenalty", "g
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import learning_curve  # noqa: E402  (the script, for its plan and journal)
+from curve.config import arm_stages  # noqa: E402
+from curve.plan import plan as full_plan  # noqa: E402
 
 QUICK = learning_curve.PRESETS["quick"]
 
@@ -44,7 +46,10 @@ def quick_test(fn):
 
 
 def run_curve(*args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--no-progress"],
+    # finished runs' trainer checkpoints kept: the tests cut a finished run to resume it (that
+    # they are dropped by default: test_curve_state)
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--no-progress",
+                           "--keep-checkpoints"],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -384,7 +389,7 @@ def test_a_torn_trace_row_is_cut_off_and_its_episode_runs_again(tmp_path):
 def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
     results = quick["first_results"]
     full = learning_curve.PRESETS["full"]
-    plan = learning_curve.plan(full, results)
+    plan = full_plan(full, results)
     expected = plan["expected_s"]
     assert expected["total"] == pytest.approx(sum(v for k, v in expected.items()
                                                   if k != "total"))
@@ -392,7 +397,7 @@ def test_the_plan_costs_the_full_preset_from_per_unit_times(quick):
     assert expected["demos"] == pytest.approx(full.n_demo_tasks * units["demo_episode_s"])
     assert plan["sizes"]["grpo_episodes"] == (full.grpo_steps * full.grpo_groups_per_step
                                               * full.grpo_group_size
-                                              * len(learning_curve.arm_stages(full)))
+                                              * len(arm_stages(full)))
 
 
 def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concurrency():
@@ -408,7 +413,7 @@ def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concu
     assert throughput_at({1: 100.0, 4: 400.0}, 2) == 200.0
     assert throughput_at({1: 100.0, 4: 400.0}, 8) == 400.0
     full = learning_curve.PRESETS["full"]
-    planned = learning_curve.plan(full, calibration, throughput)
+    planned = full_plan(full, calibration, throughput)
     assert calibration["plan"]["expected_s"] == planned["expected_s"]  # committed: this code's
     units, expected = planned["units"], planned["expected_s"]
     base = calibration["stages"]["eval"]["base"]
@@ -417,7 +422,7 @@ def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concu
         base["eval_s"] / (4 / t[4] + 2 / t[2]) / t[8])
     assert units["eval_episode_s"]["base"] < units["eval_episode_s_measured"]["base"]
     assert expected["eval-base"] == pytest.approx(250 * units["eval_episode_s"]["base"])
-    assert learning_curve.plan(full, calibration)["units"]["eval_episode_s"] == \
+    assert full_plan(full, calibration)["units"]["eval_episode_s"] == \
         units["eval_episode_s_measured"]  # no throughput: as measured
     train_pass = calibration["stages"]["train-pass"]
     assert units["calib_episode_s"] == pytest.approx(
@@ -430,7 +435,7 @@ def test_the_full_presets_plan_retimes_the_calibrations_evaluations_at_its_concu
         (90 * full.sft_epochs + checkpoints * 10 / 3) * units["sft_row_s"])
     # the issue's floors, and where they stand against the 10 h
     assert full.n_heldout >= 50 and full.eval_samples >= 4 and full.grpo_group_size >= 4
-    assert full.grpo_steps >= 30 and len(learning_curve.arm_stages(full)) == 3
+    assert full.grpo_steps >= 30 and len(arm_stages(full)) == 3
     assert planned["fits_on_all_cores"] and not planned["fits"]
 
 

@@ -129,8 +129,9 @@ PRESETS: dict[str, CurveConfig] = {
     # calibration (`plan`): 44.7k s, 8.7k s over the 10 h on the calibration's wall units
     # (measured on a machine shared by six; GRPO's training unit from first steps only; GRPO
     # alone is 22.6k s at the floors), 4.8 h on its CPU seconds over two cores. SFT holds out
-    # 10% of the demonstrations and keeps the checkpoint of their lowest loss (the 2-epoch SFT without it memorised its 100 demos,
-    # training loss 0.09); rollouts sample T=0.8 within top_p 0.95 and top_k 50 (at the full
+    # 10% of the demonstrations and keeps the checkpoint of their lowest loss (the 2-epoch SFT
+    # without it memorised its 100 demos, training loss 0.09); rollouts sample T=0.8 within
+    # top_p 0.95 and top_k 50 (at the full
     # vocabulary the 135M policy drew 5 of 16 first tokens from the tail, logprobs -3.6 to
     # -10.4, and its episodes degenerated). LoRA rank 8 on every linear layer (attention and
     # MLP; a 9.8 MB adapter), so the run's state is committed between sittings (`--state`); its

@@ -15,9 +15,10 @@ the trace records are the server's, never re-tokenized. The admission probe (bel
 whether a server honours `return_tokens_as_token_ids`; one that does not (its logprobs tokens
 are text) is read with `echo` instead, which a warning says once per server
 (`server_ids_from`). The prompt's JSON is kept per session and extended with each call's new
-ids (`PromptEncoder`), so a call's cost does not grow with the episode. Every request sends neutral `repetition_penalty`, `presence_penalty`,
-`frequency_penalty` and `min_p` (and the temperature, top-p, top-k and `skip_special_tokens` it
-wants): vLLM fills whatever a request leaves out from the model's `generation_config.json`.
+ids (`PromptEncoder`), so a call's cost does not grow with the episode. Every request sends
+neutral `repetition_penalty`, `presence_penalty`, `frequency_penalty` and `min_p` (and the
+temperature, top-p, top-k and `skip_special_tokens` it wants): vLLM fills whatever a request
+leaves out from the model's `generation_config.json`.
 
 Serve with:
 
@@ -45,13 +46,8 @@ an episode land on one server and reuse its prefix cache. Servers that failed a 
 whose `GET /health` is not 200, go to the back of every key's order until a background health
 check (every `health_period_s`) sees them answer 200 again.
 
-Failures: a connection error, a 5xx answer (vLLM answers 500 once its engine died, 503 when
-overloaded or paused), or a 5xx error event before the first token fails over to the next
-server in the key's order, with exponential backoff between passes; after `max_attempts` tries
-the stream raises `EngineError`. Once a token has been yielded nothing is retried (a retry would
-sample different tokens after the ones already streamed). A prompt that does not fit raises
-`ContextLengthExceeded`, whichever wording vLLM used; a prompt that fits with fewer new tokens
-than asked is answered with fewer (vLLM shortens `max_tokens` itself).
+Failures (`_vllm_stream.py`): a failed request fails over to the next server of the key's
+order; once a token has been yielded nothing is retried.
 
 Policy version: the trainer's `policy_version` is the fallback label. vLLM 0.33 reports which
 weights sampled each token (`return_weight_versions`: `weight_versions` spans on the last
@@ -68,7 +64,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
@@ -76,7 +72,6 @@ from urllib.parse import parse_qs
 
 import aiohttp
 import httpx
-import orjson
 
 from ._vllm_admin import (
     PROBE_REQUEST_ID,
@@ -90,20 +85,13 @@ from ._vllm_admin import (
     probe_server,
 )
 from ._vllm_servers import HashRing, ServerPool
+from ._vllm_stream import VLLMStream
 from ._vllm_wire import (
     IDS_FROM,
     IdsFrom,
     PromptEncoder,
-    RetryElsewhere,
     WeightVersionSpan,
     completion_fields,
-    drop_prompt_echo,
-    encode_body,
-    error_for,
-    parse_chunk,
-    policy_version_of,
-    sse_data,
-    stream_error,
 )
 from .base import (
     NO_CONTEXT,
@@ -111,14 +99,10 @@ from .base import (
     EngineError,
     RequestContext,
     SamplingParams,
-    TokenChunk,
 )
 
 CLOSE_TIMEOUT_S = 10.0
 MODELS_TIMEOUT_S = 30.0  # GET /v1/models answers at once from a server that is up
-DRAIN_TIMEOUT_S = 0.5
-# What a broken connection, a refused one or a read past `read_timeout_s` raises.
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 _JSON = {"content-type": "application/json"}
 
 log = logging.getLogger(__name__)
@@ -363,134 +347,6 @@ class VLLMEngine(Engine):
         server, self.owned_server = self.owned_server, None
         if server is not None:
             server.stop()
-
-
-class VLLMStream:
-    """One streamed completion (an async iterator of `TokenChunk`). `server` is known once the
-    first chunk has arrived; `weight_versions` and `policy_version` once the stream ended."""
-
-    def __init__(
-        self,
-        engine: VLLMEngine,
-        prompt_json: bytes,
-        prompt_len: int,
-        sampling: SamplingParams,
-        order: list[str],
-    ) -> None:
-        self._engine = engine
-        self._prompt_json = prompt_json
-        self._prompt_len = prompt_len
-        self._sampling = sampling
-        self._bodies: dict[IdsFrom, bytes] = {}
-        self._order = order
-        self._inner = self._run()
-        self.server: str | None = None
-        self.weight_versions: list[WeightVersionSpan] | None = None
-        self.attempts: list[str] = []  # "url: error" for each failed attempt
-
-    @property
-    def policy_version(self) -> int | None:
-        """The version the server reported for this call (its oldest integer label)."""
-        return policy_version_of(self.weight_versions)
-
-    def __aiter__(self) -> VLLMStream:
-        return self
-
-    async def __anext__(self) -> TokenChunk:
-        return await self._inner.__anext__()
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def _run(self) -> AsyncIterator[TokenChunk]:
-        engine = self._engine
-        started = False
-        for attempt in range(engine.max_attempts):
-            url = self._order[attempt % len(self._order)]
-            if attempt and attempt % len(self._order) == 0:  # a full pass failed: back off
-                await asyncio.sleep(engine.backoff_s * 2 ** (attempt // len(self._order) - 1))
-            ids_from = engine.ids_from_for(url)
-            try:
-                async with engine._client().post(
-                    f"{url}/v1/completions", data=self._body(ids_from), headers=_JSON,
-                ) as response:
-                    if response.status != 200:
-                        body = (await response.read()).decode(errors="replace")
-                        raise error_for(response.status, body, url, self._prompt_len)
-                    self.server = url
-                    async for chunk in self._chunks(response, url, ids_from):
-                        started = True
-                        yield chunk
-                    return
-            except TRANSPORT_ERRORS as exc:
-                if started:  # e.g. closing the response: tokens went out, never retry
-                    raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
-                failure = f"{url}: {exc!r}"
-            except RetryElsewhere as exc:
-                failure = f"{url}: {exc}"
-            self.attempts.append(failure)
-            engine.servers.take_out(url, failure)
-        raise EngineError(
-            f"vLLM request failed after {engine.max_attempts} attempts: " + "; ".join(self.attempts)
-        )
-
-    def _body(self, ids_from: IdsFrom) -> bytes:
-        body = self._bodies.get(ids_from)
-        if body is None:
-            fields = self._engine._request_fields(self._prompt_len, self._sampling, ids_from)
-            body = self._bodies[ids_from] = encode_body(fields, self._prompt_json)
-        return body
-
-    async def _chunks(
-        self, response: aiohttp.ClientResponse, url: str, ids_from: IdsFrom
-    ) -> AsyncIterator[TokenChunk]:
-        yielded = False
-        events = sse_data(response.content.iter_any())
-        try:
-            async for data in events:
-                if data == b"[DONE]":
-                    break
-                if ids_from == "echo" and not yielded:
-                    data = drop_prompt_echo(data)  # the prompt we sent, ~30k ids
-                payload = orjson.loads(data)
-                if "error" in payload:
-                    error = stream_error(payload, url)
-                    if yielded and isinstance(error, RetryElsewhere):
-                        error = EngineError(f"the vLLM stream from {url} failed: {error}")
-                    raise error
-                parsed = parse_chunk(payload, ids_from)
-                if parsed is None:
-                    continue
-                chunk, spans = parsed
-                if spans is not None:
-                    self.weight_versions = spans
-                if chunk.finish_reason is not None:
-                    await _read_to_end(events)
-                if chunk.token_ids or chunk.finish_reason is not None:
-                    yielded = True
-                    yield chunk
-                if chunk.finish_reason is not None:
-                    return
-        except TRANSPORT_ERRORS as exc:
-            if not yielded:
-                raise RetryElsewhere(f"the stream broke before any token: {exc!r}") from exc
-            raise EngineError(f"the vLLM stream from {url} broke: {exc!r}") from exc
-        except orjson.JSONDecodeError as exc:
-            raise EngineError(f"the vLLM stream from {url} sent invalid JSON: {exc}") from exc
-        raise EngineError(f"the vLLM stream from {url} ended without a finish_reason")
-
-
-async def _read_to_end(events: AsyncIterator[bytes]) -> None:
-    """Read what follows the finishing chunk (`data: [DONE]`, a usage chunk) before handing it
-    on: a response closed unread takes its connection with it, and every call then paid for
-    a new TCP connection (measured: the largest single cost of a call through the proxy). A
-    server that keeps the stream open longer than `DRAIN_TIMEOUT_S` loses the connection."""
-    try:
-        async with asyncio.timeout(DRAIN_TIMEOUT_S):
-            async for _ in events:
-                pass
-    except TRANSPORT_ERRORS:  # TimeoutError among them
-        pass
 
 
 def _unreachable(url: str, exc: Exception) -> str:

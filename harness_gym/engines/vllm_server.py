@@ -133,11 +133,9 @@ class VLLMServer:
                 retry = (attempt < PORT_ATTEMPTS and self.port_picked
                          and self.process is not None and self.process.poll() is not None
                          and _port_taken(self.host, self.port))
-                own_log = self._own_log
-                self._abandon()
+                self._abandon(retrying=retry)
                 if not retry:
                     raise
-                self._own_log = own_log  # the next attempt appends to the same log
                 self._use_port(_free_port(self.host))
             except BaseException:
                 self._abandon()
@@ -154,12 +152,14 @@ class VLLMServer:
                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.group = self.process.pid
 
-    def _abandon(self) -> None:
-        """Stop a server that did not come up, keeping its log (an error names it)."""
-        self._own_log = False
+    def _abandon(self, *, retrying: bool = False) -> None:
+        """Stop a server that did not come up, keeping its log: a retry appends to it, and an
+        error names it (from then on it is the reader's, never deleted by a later `stop`)."""
         # A loading server has nothing to finish, and its engine core can sit in a native
         # call (weights, warm-up) that holds off a SIGTERM for tens of seconds.
-        self.stop(LOADING_STOP_TIMEOUT_S)
+        self.stop(LOADING_STOP_TIMEOUT_S, keep_log=True)
+        if not retrying:
+            self._own_log = False
 
     def _wait_healthy(self, started: float, progress: Progress | None) -> None:
         assert self.process is not None
@@ -198,11 +198,11 @@ class VLLMServer:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, *, keep_log: bool = False) -> None:
         """SIGTERM the server's process group, SIGKILL what is left `timeout_s` later, and
         wait until none of its processes remains."""
         process, self.process = self.process, None
-        if self._own_log:
+        if self._own_log and not keep_log:
             self.log_path.unlink(missing_ok=True)  # its lines stay readable to the process
         try:
             if process is not None:
