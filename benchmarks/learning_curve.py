@@ -16,8 +16,9 @@ ones: `curve.config.FIELD_STAGE` says which stage each field changes first):
 Every working session gets a fresh machine, where only what is committed survives: the run's
 state travels in git. With `--state benchmarks/results/learning_curve_state/full` each finished
 stage and each trainer checkpoint is saved into that folder (LoRA adapters with their optimizer
-state, traces gzip-compressed; `curve/state.py`), and a new machine's empty workdir is filled
-from it before the run resumes: commit the folder before the session ends.
+state, traces gzip-compressed; `curve/state.py`; a run's trainer checkpoint is dropped once the
+run ends, `Pipeline.drop_trainer`), and a new machine's empty workdir is filled from it before
+the run resumes: commit the folder before the session ends.
 
 The committed calibration (`learning_curve_calibrate.json`) was cut at the session's end; it is
 completed (and its `plan` filled in) by resuming it alike:
