@@ -40,7 +40,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import (
 )
 from trl.experimental.async_grpo.packing import TreeRow
 
-from harness_gym.engines import SamplingParams, load_engine
+from harness_gym.engines import SamplingParams
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.engines.tiny import load_tiny_tokenizer, tiny_model_dir
 from harness_gym.episode import EpisodeResult
@@ -50,13 +50,6 @@ from harness_gym.integrations.async_grpo import (
 )
 from harness_gym.integrations.async_loop import AsyncGRPOLoop, grpo_token_loss
 from harness_gym.integrations.weight_transfer import EngineWeightTransfer, VLLMWeightTransfer
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 # --- why a loop of our own ----------------------------------------------------------------

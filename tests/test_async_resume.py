@@ -25,7 +25,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from support.async_samples import ReadySamples, args, generated_segment, tiny_model
 from support.weights import weights_digest
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.integrations.async_grpo import (
     HarnessRolloutWorker,
@@ -34,13 +33,6 @@ from harness_gym.integrations.async_grpo import (
 )
 from harness_gym.integrations.async_loop import AsyncGRPOLoop
 from harness_gym.integrations.weight_transfer import EngineWeightTransfer
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.proxy.bridge import TRUNCATED_TOOL_RESULT
@@ -14,13 +13,6 @@ from support.engines import RecordingEngine, tool_call_script
 
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.",
                                          "parameters": {"type": "object", "properties": {}}}}
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def converse(proxy, session, turns: int, result_chars: int) -> list[dict]:

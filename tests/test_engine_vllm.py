@@ -25,13 +25,6 @@ PROCESSED = "processed_logprobs"  # how `trl vllm-serve` starts vLLM
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def servers(tiny):
     with VLLMWireServer(tiny, logprobs_mode=PROCESSED) as a, \
             VLLMWireServer(tiny, logprobs_mode=PROCESSED) as b:

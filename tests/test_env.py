@@ -20,7 +20,6 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
-from harness_gym.engines import load_engine
 from harness_gym.engines.agent_tools import AgentTools, tool_call_text
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.engines.scripted import ScriptedEngine
@@ -34,13 +33,6 @@ from support.parallel import in_threads
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
 TASKS = load_tasks("builtin")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def changed_lines(diff: str) -> list[str]:

@@ -18,7 +18,6 @@ import pytest
 from harness_gym.tasks.loader import load_tasks
 
 from harness_gym.config import EpisodeConfig
-from harness_gym.engines import load_engine
 from harness_gym.engines.base import NO_CONTEXT, RequestContext, SamplingParams, TokenChunk
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.engines.scripted import task_key
@@ -33,13 +32,6 @@ from harness_gym.training.evaluation import (
 
 needs_pi = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 HOLD_S = 45.0  # how long the held episode waits for another to start before giving up
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 class RecordsStarts(OracleEngine):

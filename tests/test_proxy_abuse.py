@@ -35,7 +35,6 @@ import openai
 import orjson
 import pytest
 
-from harness_gym.engines import load_engine
 from harness_gym.proxy import InterceptionProxy, ProxySettings
 from support.server_log import server_errors
 
@@ -109,13 +108,6 @@ def served() -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def enough_files(n: int) -> None:

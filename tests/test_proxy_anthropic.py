@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from support.engines import RecordingEngine, tool_call_script
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import Engine, RequestContext, SamplingParams, TokenChunk, load_engine
+from harness_gym.engines import Engine, RequestContext, SamplingParams, TokenChunk
 from harness_gym.engines.base import EngineError
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
@@ -31,13 +31,6 @@ BASH = {
 }
 SYSTEM = [{"type": "text", "text": "You are a careful coding agent.",
            "cache_control": {"type": "ephemeral"}}]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def open_client(proxy: InterceptionProxy, **sampling):

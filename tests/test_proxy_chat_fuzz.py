@@ -8,12 +8,10 @@ a 500 or a hang. A fifth of the bodies are well-formed, so the fuzz reaches the 
 from __future__ import annotations
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_proxy_anthropic import ANY_JSON
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 
@@ -25,13 +23,6 @@ BASH = {
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 _part = st.one_of(

@@ -16,7 +16,6 @@ from support.dialect_clients import DialectClient
 from support.engines import RecordingEngine, tool_call_script
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.proxy.anthropic_messages import parse_messages_request
@@ -32,13 +31,6 @@ DIALECTS = ["anthropic", "chat", "responses"]
 
 def digest(data: str) -> str:
     return hashlib.sha256(data.encode()).hexdigest()[:12]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def user_with_image(dialect: str, text: str, data: str) -> dict:

@@ -13,7 +13,6 @@ import httpx
 import openai
 import pytest
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 from support.engines import RecordingEngine, tool_call_script
@@ -27,13 +26,6 @@ BASH = {
     },
 }
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def open_client(proxy: InterceptionProxy, **sampling):

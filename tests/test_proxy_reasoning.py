@@ -17,7 +17,6 @@ from support.engines import RecordingEngine, tool_call_script
 from support.thinking import thinking, thinking_tokenizer
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.engines.transformers_engine import TransformersEngine
 from harness_gym.proxy import InterceptionProxy
@@ -26,13 +25,6 @@ from harness_gym.proxy.reasoning import ReasoningFormat, ReasoningSigner, ThinkS
 
 TURNS = 3
 SHELL = {"type": "object", "properties": {"command": {"type": "string"}}}
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def thought(step: int) -> str:

@@ -17,7 +17,6 @@ from support.engines import RecordingEngine, tool_call_script
 from test_proxy_anthropic import ANY_JSON, BrokenEngine
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 
@@ -29,13 +28,6 @@ BASH = {
     "strict": False,
 }
 INSTRUCTIONS = "You are a careful coding agent."
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def open_client(proxy: InterceptionProxy, **sampling):

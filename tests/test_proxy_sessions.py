@@ -18,20 +18,12 @@ import httpx
 import openai
 import pytest
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy, ProxyError, ProxySettings
 from support.engines import RecordingEngine
 from support.server_log import server_errors as errors_logged_by_the_server
 
 HELLO = [{"role": "user", "content": "Say hello."}]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

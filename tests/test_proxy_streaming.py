@@ -8,20 +8,12 @@ import time
 
 import httpx
 import openai
-import pytest
 
-from harness_gym.engines import Engine, load_engine
+from harness_gym.engines import Engine
 from harness_gym.proxy import InterceptionProxy, ProxySettings
 from support.engines import RecordingEngine
 
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 class SlowFirstToken(RecordingEngine):

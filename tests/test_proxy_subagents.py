@@ -14,10 +14,8 @@ import json
 
 import anthropic
 import pyarrow as pa
-import pytest
 from rich.console import Console
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 from harness_gym.trace import normalize_segment
@@ -51,13 +49,6 @@ def policy(prompt: str) -> str:
     if "<tool_response>" in prompt:
         return "All done."
     return "Delegating the search.\n" + call("Task", description="find slugs", prompt=BRIEF)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def run_claude_code_like_episode(proxy: InterceptionProxy, **session_options) -> tuple:

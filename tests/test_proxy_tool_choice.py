@@ -17,19 +17,11 @@ from support.engines import RecordingEngine
 from support.thinking import thinking_tokenizer
 from test_proxy_openai_chat import assert_segment_is_what_the_engine_sampled
 
-from harness_gym.engines import load_engine
 from harness_gym.engines.scripted import ScriptedEngine
 from harness_gym.proxy import InterceptionProxy
 
 DIALECTS = ["anthropic", "chat", "responses"]
 CALL = '{"name": "bash", "arguments": {"command": "ls"}}'
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def wants_to_call(prompt: str) -> str:

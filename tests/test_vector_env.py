@@ -26,7 +26,6 @@ from harness_gym.wrappers import (
 )
 
 import harness_gym  # noqa: F401  (registers HarnessSWE-v0)
-from harness_gym.engines import load_engine
 from harness_gym.engines.oracle import OracleEngine
 from harness_gym.harness import HarnessOutput, HarnessSpec, LaunchPlan, Package
 from harness_gym.vector_env import HarnessVectorEnv
@@ -34,13 +33,6 @@ from harness_gym.vector_env import HarnessVectorEnv
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="Pi installs with npm")
 
 VERSIONS = np.array([5, 4, 3, 2])  # lags 0, 1, 2, 3 behind version 5
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 def make_vec(tiny, **kwargs):

@@ -20,19 +20,12 @@ import pytest
 import requests
 from support.vllm_wire_server import VLLMWireServer
 
-from harness_gym.engines import SamplingParams, load_engine
+from harness_gym.engines import SamplingParams
 from harness_gym.engines.vllm import VLLMConfigError, VLLMEngine, WeightVersionSpan
 from harness_gym.integrations.trl import tag_policy_version
 from harness_gym.proxy import InterceptionProxy
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
 
 
 @pytest.fixture(scope="module")

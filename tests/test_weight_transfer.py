@@ -32,13 +32,6 @@ from harness_gym.integrations.weight_transfer import EngineWeightTransfer, VLLMW
 from harness_gym.proxy import InterceptionProxy
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    engine = load_engine("tiny")
-    yield engine
-    engine.close()
-
-
 # --- weights into the in-process engine ---------------------------------------------------
 
 
