@@ -91,10 +91,12 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from curve.config import (
+    ARMS,
     PRESETS,
     STAGES,
     ZONE,
@@ -211,7 +213,7 @@ class Pipeline(GrpoStages, EvaluationStages, ResultsWriter):
                 self.stage_dir(stage).mkdir(parents=True, exist_ok=True)
                 started, load = (time.monotonic(), cpu_seconds()), os.getloadavg()
                 server_cpu = self.server.cpu_seconds()
-                runner = getattr(self, "stage_" + stage.replace("-", "_"))
+                runner = self.runner(stage)
                 try:
                     metrics = runner()
                 except BaseException:  # cut (a signal, the session's end) or failed
@@ -225,6 +227,15 @@ class Pipeline(GrpoStages, EvaluationStages, ResultsWriter):
             if self.state is not None:  # what a cut stage has recorded so far, too
                 self.state.save()
         return self.write_results()
+
+    def runner(self, stage: str) -> Callable[[], dict[str, Any]]:
+        """The stage's work: an arm trains (`train_arm`), `eval-NAME` evaluates checkpoint NAME
+        (`evaluate`), any other stage is the method `stage_NAME`."""
+        if stage in ARMS.values():
+            return lambda: self.train_arm(stage)
+        if stage.startswith("eval-"):
+            return lambda: self.evaluate(stage.removeprefix("eval-"))
+        return getattr(self, "stage_" + stage.replace("-", "_"))
 
     # --- models -------------------------------------------------------------------------------
 

@@ -86,19 +86,3 @@ class EvaluationStages:
                              "top_k": c.grpo_top_k, "max_tokens": c.max_tokens,
                              "samples_per_instance": c.eval_samples, "greedy": 1},
                 "server": self.server.stats()}
-
-    def stage_eval_base(self) -> dict[str, Any]:
-        return self.evaluate("base")
-
-    def stage_eval_sft(self) -> dict[str, Any]:
-        return self.evaluate("sft")
-
-    def stage_eval_grpo(self) -> dict[str, Any]:
-        return self.evaluate("grpo")
-
-    def stage_eval_grpo_nopenalty(self) -> dict[str, Any]:
-        return self.evaluate("grpo-nopenalty")
-
-    def stage_eval_grpo_flat(self) -> dict[str, Any]:
-        return self.evaluate("grpo-flat")
-

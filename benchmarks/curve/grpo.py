@@ -57,15 +57,6 @@ class GrpoStages:
             raise SystemExit("grpo_learning_rate=0 takes the lr-sweep's pick: run lr-sweep")
         return float(sweep["pick"])
 
-    def stage_grpo(self) -> dict[str, Any]:
-        return self.train_arm("grpo")
-
-    def stage_grpo_nopenalty(self) -> dict[str, Any]:
-        return self.train_arm("grpo-nopenalty")
-
-    def stage_grpo_flat(self) -> dict[str, Any]:
-        return self.train_arm("grpo-flat")
-
     def train_arm(self, stage: str) -> dict[str, Any]:
         """One GRPO arm from the SFT checkpoint, its reward per `arm_reward`."""
         c = self.config
