@@ -445,7 +445,10 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
     The kill comes while the server is stopped (SIGSTOP) with both calls in flight, the
     client's streaming, and everything it had sent read (`StreamWatch.freeze_mid_stream`).
     Waiting for Pi's call to stream too failed 2 of 2 beside a training run: the server sent
-    its 2,048 tokens in one burst 0.24 s before it ended, after a minute of nothing."""
+    its 2,048 tokens in one burst 0.24 s before it ended, after a minute of nothing. (vLLM
+    merges a stream's deltas while its consumer lags, `RequestOutputCollector` in
+    vllm/v1/engine/output_processor.py: the burst is what the API server process, whose one
+    event loop turns every stream's outputs into chunks, had not sent yet.)"""
     needs_pi()
     urls = [engine.urls[0], second.url]
     pair = VLLMEngine(urls, tokenizer=engine.tokenizer, model_name=engine.model_name,
