@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
+from ._vllm_servers import ServerPool
 from ._vllm_wire import (
     IdsFrom,
     RetryElsewhere,
@@ -32,8 +33,20 @@ from ._vllm_wire import (
 )
 from .base import EngineError, SamplingParams, TokenChunk
 
-if TYPE_CHECKING:
-    from .vllm import VLLMEngine
+
+class StreamSource(Protocol):
+    """What a stream needs of its `VLLMEngine` (a protocol: the engine imports this module)."""
+
+    max_attempts: int
+    backoff_s: float
+    servers: ServerPool
+
+    def ids_from_for(self, url: str) -> IdsFrom: ...
+
+    def _client(self) -> aiohttp.ClientSession: ...
+
+    def _request_fields(self, prompt_len: int, sampling: SamplingParams,
+                        ids_from: IdsFrom) -> dict[str, Any]: ...
 
 DRAIN_TIMEOUT_S = 0.5
 # What a broken connection, a refused one or a read past `read_timeout_s` raises.
@@ -47,7 +60,7 @@ class VLLMStream:
 
     def __init__(
         self,
-        engine: VLLMEngine,
+        engine: StreamSource,
         prompt_json: bytes,
         prompt_len: int,
         sampling: SamplingParams,
