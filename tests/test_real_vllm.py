@@ -29,7 +29,6 @@ import httpx
 import openai
 import pytest
 import torch
-
 from support.real_vllm import (
     MAX_MODEL_LEN,
     TOL,
@@ -347,7 +346,8 @@ def test_the_sync_grpo_trainer_pushes_its_weights_into_the_server_before_each_st
     for call in calls:  # each step's episodes sampled from the trainer's weights of that step
         load(model, call["weights"])
         assert sum(p_old_checked_against_a_rescore(model, trace) for trace in call["trace"]) >= 1
-    moved = [n for n, w in calls[1]["weights"].items() if not torch.equal(w, calls[0]["weights"][n])]
+    before = calls[0]["weights"]
+    moved = [n for n, w in calls[1]["weights"].items() if not torch.equal(w, before[n])]
     assert moved, "the first step must have moved the weights the second step's episodes used"
 
 
@@ -442,12 +442,14 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
     `infra_error` with nothing left running; sessions it owned that had not begun are served
     by the other.
 
-    The kill comes while the server is stopped (SIGSTOP) with both calls in flight, the
-    client's streaming, and everything it had sent read (`StreamWatch.freeze_mid_stream`).
-    Waiting for Pi's call to stream too failed 2 of 2 beside a training run: the server sent
-    its 2,048 tokens in one burst 0.24 s before it ended, after a minute of nothing. (vLLM
-    merges a stream's deltas while its consumer lags, `RequestOutputCollector` in
-    vllm/v1/engine/output_processor.py: the burst is what the API server process, whose one
+    The kill comes in two steps that do not race: the server is stopped (SIGSTOP) while the
+    client's call streams (`StreamWatch.freeze_mid_stream`), and only then is the episode
+    begun, so its call is sent to the stopped server (whose kernel still accepts the
+    connection) and waits there. Catching both calls in flight on a running server failed
+    in a laned fresh-clone check and alone in CI: the server sent a call's tokens in one burst
+    at its end after seconds of nothing, so the two were seldom in flight at once. (vLLM merges
+    a stream's deltas while its consumer lags, `RequestOutputCollector` in
+    vllm/v1/engine/output_processor.py: a burst is what the API server process, whose one
     event loop turns every stream's outputs into chunks, had not sent yet.)"""
     needs_pi()
     urls = [engine.urls[0], second.url]
@@ -494,11 +496,12 @@ def test_a_server_killed_mid_run_ends_what_streams_from_it_and_fails_over_what_h
                         got["client_error"] = exc
 
             streaming = threading.Thread(target=chat)
-            episode.start()
             streaming.start()
-            watch.freeze_mid_stream(  # this session's call and the episode's, stopped there
-                session.session_id, others=1, group=second.group, timeout_s=180,
-                why=lambda: episode_story(got.get("info")))
+            watch.freeze_mid_stream(session.session_id, group=second.group, timeout_s=180)
+            episode.start()  # its call goes to the stopped server
+            watch.wait(lambda: len(watch.in_flight() - {session.session_id}) >= 1,
+                       time.monotonic() + 120, "the episode's call",
+                       why=lambda: episode_story(got.get("info")))
             os.killpg(second.group, signal.SIGKILL)  # the server dies: no answer, no goodbye
             streaming.join(60)
             episode.join(180)

