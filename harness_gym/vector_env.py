@@ -200,9 +200,11 @@ class HarnessVectorEnv(VectorEnv):
 
         The next task is submitted only when a slot frees: a queued episode would hold a Ray
         node's slot, and would still run after the consumer gave up (a Ray future's `cancel()`
-        does not reach the node). When the generator is closed early or fails, the episodes it
-        submitted are cancelled if they have not started (threads) and waited for otherwise,
-        their results dropped; no further task starts.
+        does not reach the node). When the generator is closed early or fails (a consumer's
+        `break`, a notebook's interrupt), the episodes it submitted are cancelled if they have
+        not started and stopped otherwise (the executor's `stop_running`: every episode the env
+        runs ends within about a second, its CLI killed), their results dropped; no further
+        task starts, and the env runs on. An executor without `stop_running` is waited for.
         """
         sampling, version = self._parse_action(action)
         executor = self._start()
@@ -228,6 +230,9 @@ class HarnessVectorEnv(VectorEnv):
         finally:
             for future in running:
                 future.cancel()
+            stop_running = getattr(executor, "stop_running", None)
+            if stop_running is not None and not all(f.done() for f in running):
+                stop_running()  # their results would be dropped: waiting for them is waste
             wait(running)
 
     # --- helpers --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 import random
 import shutil
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from operator import itemgetter
 from typing import Any
@@ -110,20 +111,51 @@ def test_a_held_episode_does_not_keep_the_next_task_from_starting(tiny, tmp_path
     assert list(tmp_path.glob("*.jsonl")) == [file]  # nothing ran: no env, no new file
 
 
+class NeverAnswersOneTask(RecordsStarts):
+    """The oracle, except that the episode on `held` gets no answer for `HELD_S`: closing
+    the generator must not wait for it. The hold is a cancellable sleep on the proxy's loop,
+    ended with the call when the episode's CLI is killed."""
+
+    def __init__(self, scorer: Any, held: Any) -> None:
+        super().__init__(scorer)
+        self.held_key = task_key(held.problem_statement)
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+               context: RequestContext = NO_CONTEXT) -> AsyncIterator[TokenChunk]:
+        answer = super().stream(prompt_ids, sampling, context)
+        if self.held_key not in self.tokenizer.decode(prompt_ids, skip_special_tokens=False):
+            return answer
+        return self._after_the_hold(answer)
+
+    async def _after_the_hold(self, answer: AsyncIterator[TokenChunk]
+                              ) -> AsyncIterator[TokenChunk]:
+        await asyncio.sleep(HELD_S)
+        async for chunk in answer:
+            yield chunk
+
+
+HELD_S = 600.0  # what closing the generator would wait for the held episode, were it waited on
+
+
 @needs_pi
-def test_a_consumer_that_stops_early_starts_no_further_task(tiny):
+def test_a_consumer_that_stops_early_ends_what_runs_starts_nothing_more_and_the_env_runs_on(
+        tiny):
     tasks = load_tasks("builtin")[:4]
-    engine = RecordsStarts(tiny)
+    engine = NeverAnswersOneTask(tiny, held=tasks[0])
     vec = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
                        tasks=tasks, engine=engine, harness="pi", progress=False)
     try:
         episodes = vec.unwrapped.run_continuously(tasks)
-        _, first = next(episodes)
-        episodes.close()  # the third task is cancelled or run to its end; the fourth never starts
-        assert first["task_id"] in {tasks[0].instance_id, tasks[1].instance_id}
+        _, first = next(episodes)  # the second task's: the first is held
+        assert first["task_id"] == tasks[1].instance_id and first["outcome"] == "passed"
+        began = time.monotonic()
+        episodes.close()  # the held episode and the third task's are stopped, not waited for
+        closed_s = time.monotonic() - began
+        assert closed_s < 60, f"closing took {closed_s:.0f} s: the held episode was waited on"
         assert set(engine.started[:2]) == {tasks[0].instance_id, tasks[1].instance_id}
         assert tasks[3].instance_id not in engine.started
-        (reward, last), = vec.unwrapped.run_continuously(tasks[3:])  # and the env runs on
+        # The stop ended what ran then, nothing later: the env runs the next task to its end.
+        (reward, last), = vec.unwrapped.run_continuously(tasks[3:])
         assert last["outcome"] == "passed" and reward > 0 and last["env_index"] == 0
     finally:
         vec.close()
