@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 import shutil
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -112,13 +113,15 @@ def test_a_held_episode_does_not_keep_the_next_task_from_starting(tiny, tmp_path
 
 
 class NeverAnswersOneTask(RecordsStarts):
-    """The oracle, except that the episode on `held` gets no answer for `HELD_S`: closing
-    the generator must not wait for it. The hold is a cancellable sleep on the proxy's loop,
-    ended with the call when the episode's CLI is killed."""
+    """The oracle, except that the episode on `held` gets no answer for `HELD_S` (and calls
+    `on_hold` as the hold begins): a stop must not wait for it. The hold is a cancellable sleep
+    on the proxy's loop, ended with the call when the episode's CLI is killed (`hold_cut`)."""
 
-    def __init__(self, scorer: Any, held: Any) -> None:
+    def __init__(self, scorer: Any, held: Any, on_hold: Any = None) -> None:
         super().__init__(scorer)
         self.held_key = task_key(held.problem_statement)
+        self.on_hold = on_hold
+        self.hold_cut = threading.Event()
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                context: RequestContext = NO_CONTEXT) -> AsyncIterator[TokenChunk]:
@@ -129,7 +132,15 @@ class NeverAnswersOneTask(RecordsStarts):
 
     async def _after_the_hold(self, answer: AsyncIterator[TokenChunk]
                               ) -> AsyncIterator[TokenChunk]:
-        await asyncio.sleep(HELD_S)
+        if self.on_hold is not None:
+            self.on_hold()
+        held = False
+        try:
+            await asyncio.sleep(HELD_S)
+            held = True
+        finally:
+            if not held:
+                self.hold_cut.set()
         async for chunk in answer:
             yield chunk
 
@@ -152,12 +163,49 @@ def test_a_consumer_that_stops_early_ends_what_runs_starts_nothing_more_and_the_
         episodes.close()  # the held episode and the third task's are stopped, not waited for
         closed_s = time.monotonic() - began
         assert closed_s < 60, f"closing took {closed_s:.0f} s: the held episode was waited on"
+        assert engine.hold_cut.wait(10)  # its call ended with its CLI: not left to run on
         assert set(engine.started[:2]) == {tasks[0].instance_id, tasks[1].instance_id}
         assert tasks[3].instance_id not in engine.started
         # The stop ended what ran then, nothing later: the env runs the next task to its end.
         (reward, last), = vec.unwrapped.run_continuously(tasks[3:])
         assert last["outcome"] == "passed" and reward > 0 and last["env_index"] == 0
     finally:
+        vec.close()
+
+
+class Interrupted(Exception):
+    """What the test's SIGUSR1 handler raises in the main thread, as Ctrl-C raises
+    KeyboardInterrupt (which, raised at the wrong moment, would end the whole pytest run)."""
+
+
+@needs_pi
+def test_an_interrupted_step_stops_its_episodes_and_the_env_runs_on(tiny):
+    tasks = load_tasks("builtin")[:4]
+    main = threading.main_thread().ident
+    engine = NeverAnswersOneTask(tiny, held=tasks[0],
+                                 on_hold=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    vec = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                       tasks=tasks, engine=engine, harness="pi", progress=False)
+
+    def interrupt(*_: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        vec.reset(options={"task_ids": [t.instance_id for t in tasks[:2]]})
+        began = time.monotonic()
+        with pytest.raises(Interrupted):  # raised once the held episode's call waits
+            vec.step(None)
+        stopped_s = time.monotonic() - began
+        assert stopped_s < 60, f"the interrupted step took {stopped_s:.0f} s to return"
+        assert engine.hold_cut.wait(10)  # stopped, not left to run on
+        signal.signal(signal.SIGUSR1, previous)
+        # The episodes it started are gone and the stop is over: the next step runs in full.
+        vec.reset(options={"task_ids": [t.instance_id for t in tasks[2:]]})
+        _, rewards, _, _, infos = vec.step(None)
+        assert list(infos["outcome"]) == ["passed", "passed"] and all(rewards > 0)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
         vec.close()
 
 
