@@ -423,7 +423,10 @@ def test_a_live_runs_workdir_refuses_a_second_run_and_is_reported_on_without_a_c
     import subprocess
 
     import learning_curve
+    from curve.config import STAGES, wanted
     from curve.process import WorkdirBusy, claim_workdir
+
+    from harness_gym.training.report import readme_block
 
     work = tmp_path / "work"
     holder = subprocess.Popen(
@@ -441,6 +444,8 @@ def test_a_live_runs_workdir_refuses_a_second_run_and_is_reported_on_without_a_c
         (work / "config.json").write_text(json.dumps(dataclasses.asdict(preset)))
         results = pipeline.run([])  # --report-only, beside the live run
         assert results["stages"] == {"eval": {}}
+        assert results["stages_pending"] == wanted(list(STAGES), preset)  # and it says so
+        assert "still to run: `demos`, `sft`," in readme_block(results, "learning_curve.json")
         assert (tmp_path / "results" / "learning_curve_quick.json").exists()
         assert (work / "run.pid").read_text() == f"{holder.pid}\n"  # still the live run's
     finally:

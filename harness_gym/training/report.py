@@ -163,6 +163,10 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
         "",
         results_table(results),
     ]
+    pending = results.get("stages_pending")
+    if pending:
+        lines += ["", ("**In progress**: these figures are the stages finished so far; still to "
+                       "run: " + ", ".join(f"`{stage}`" for stage in pending) + ".")]
     calibration = results.get("calibration")
     if calibration:
         low, high = calibration["ci"]
