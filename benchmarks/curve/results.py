@@ -74,6 +74,7 @@ class ResultsWriter:
         results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
                                   "cpu_h": round(total["cpu_s"] / 3600, 2),
                                   "discarded_wall_s": thrown,
+                                  "discarded_wall_h": round(thrown / 3600, 2),
                                   "spent_wall_h": round((total["wall_s"] + thrown) / 3600, 2)}
         calib = stages.get("train-pass")
         results["calibration"] = None if calib is None else {
