@@ -31,7 +31,8 @@ file exists. A run killed at any moment resumes when the same command runs again
 at most: demos and evaluations record each episode as it ends and run only the missing ones
 (`run_tasks(resume=True)`), SFT resumes from its trainer checkpoint (every `sft_save_steps`
 optimizer steps), GRPO from its checkpoint (every step) with the groups of the step it was cut in
-replayed from their journal (`JournaledRollout`). The process id is in `run.pid`. A stage's
+replayed from their journal (`JournaledRollout`). The process id is in `run.pid`, which the run
+locks: a second run on a live workdir is refused (`--report-only` reads one). A stage's
 wall and CPU time count every sitting it ran in: a cut one records its time in the stage's
 `sittings.json` (`curve.state.record_sitting`), and its metrics add them up when it ends.
 
@@ -109,7 +110,7 @@ from curve.evaluation import EvaluationStages
 from curve.grpo import GrpoStages
 from curve.journal import StepTimer, train_resumed
 from curve.policy_server import PolicyServer
-from curve.process import cpu_seconds, log, preload, torch_threads
+from curve.process import claim_workdir, cpu_seconds, log, preload, torch_threads
 from curve.results import ResultsWriter
 from curve.state import RunState, earlier_sittings, reconcile, record_sitting
 from curve.summary import tool_call_counts
@@ -190,14 +191,26 @@ class Pipeline(GrpoStages, EvaluationStages, ResultsWriter):
             self.state.save()
 
     def run(self, stages: list[str]) -> dict[str, Any]:
+        """Run `stages` (those not done yet) and write the results; with none, only report
+        (reading the workdir, which a live run may hold)."""
+        if not stages:
+            return self._report()
+        with claim_workdir(self.workdir):
+            return self._run(stages)
+
+    def _report(self) -> dict[str, Any]:
+        if self.state is not None:
+            self.state.restore()
+        if not (self.workdir / "config.json").exists():
+            raise SystemExit(f"{self.workdir} holds no run to report on")
+        return self.write_results()
+
+    def _run(self, stages: list[str]) -> dict[str, Any]:
         if self.state is not None:  # a fresh machine: the workdir from the committed state
             self.state.check(dataclasses.asdict(self.config), redo_changed=self.redo_changed)
             self.state.restore()
-        if not stages and not (self.workdir / "config.json").exists():
-            raise SystemExit(f"{self.workdir} holds no run to report on")
         self.check_workdir()
         stages = wanted(stages, self.config)
-        (self.workdir / "run.pid").write_text(f"{os.getpid()}\n")
         if any(self.done(stage) is None for stage in stages):
             preload()
         for stage in STAGES:  # a state saved before finished runs' checkpoints were dropped

@@ -175,8 +175,6 @@ class EpisodeRunner:
         self.config = config
         self._repos = Path(tempfile.mkdtemp(prefix="harness-gym-repos-"))
         self._repo_lock = threading.Lock()
-        # Set by the stack's owner to end every running episode now (a trainer stopping).
-        self.stopping = threading.Event()
 
     def repo_for(self, task: Task) -> Path:
         """The task's base repository, materialized once per runner and copied per rollout."""
@@ -223,10 +221,14 @@ class EpisodeRunner:
         sampling: dict[str, Any] | None = None,
         policy_version: int | None = None,
         on_session: Callable[[ProxySession], None] | None = None,
+        stopping: threading.Event | None = None,
     ) -> EpisodeResult:
         """One episode. `on_session` sees the proxy session as soon as it opens (a Ray node
-        runner reports from it whether the episode has made a model call yet)."""
+        runner reports from it whether the episode has made a model call yet); once `stopping`
+        is set the episode ends (its CLI killed, an `infra_error`), or never starts."""
         started = time.monotonic()
+        if stopping is None:
+            stopping = threading.Event()  # never set
         config, engine = self.config, self.proxy.engine
         sandbox = session = None
         outcome, error = "infra_error", None
@@ -235,7 +237,7 @@ class EpisodeRunner:
         graded: GradeResult | None = None
         trace = SessionTrace()
         try:
-            if self.stopping.is_set():
+            if stopping.is_set():
                 raise EpisodeStopped("stopped before it started")
             self.harness.check_context(engine.max_context)  # before anything starts
             sandbox = self.backend.create(self.sandbox_spec(task))
@@ -249,11 +251,11 @@ class EpisodeRunner:
             )
             job = self.harness.launch(sandbox, endpoint, task.problem_statement + TASK_INSTRUCTION)
             run = _wait_unless_it_cannot_start(job, session.trace, config.episode_timeout_s,
-                                               self.stopping)
+                                               stopping)
             # Nothing the agent started may still run while the grader works (invariant 7).
             sandbox.kill_processes()
-            if self.stopping.is_set():
-                raise EpisodeStopped("stopped while its harness ran (its trainer stopped)")
+            if stopping.is_set():
+                raise EpisodeStopped("stopped while its harness ran (its owner stopped it)")
             output = self.harness.read_output(run)
             self.harness.check_first_prompt(session.trace.first_prompt_overflowed)
             broken = sandbox.fault or (
@@ -342,6 +344,8 @@ class EpisodeStack:
         self.runners: dict[str, EpisodeRunner] = {}
         self.proxy: InterceptionProxy | None = None
         self.backend: SandboxBackend | None = None
+        self._stop_lock = threading.Lock()
+        self._stopping = threading.Event()
         try:
             # An admin key the agents never see: a session key reaches its model routes only.
             self.proxy = InterceptionProxy(self.engine, admin_key=secrets.token_urlsafe(32)).start()
@@ -356,23 +360,38 @@ class EpisodeStack:
             self.close()
             raise
 
+    @property
+    def stopping(self) -> threading.Event:
+        """What the next `stop_running()` sets. An executor takes it when it queues an
+        episode (`run(stopping=...)`), so a stop also ends what is queued but not yet begun."""
+        with self._stop_lock:
+            return self._stopping
+
     def run(
-        self, request: EpisodeRequest, on_session: Callable[[ProxySession], None] | None = None
+        self,
+        request: EpisodeRequest,
+        on_session: Callable[[ProxySession], None] | None = None,
+        stopping: threading.Event | None = None,
     ) -> EpisodeResult:
-        """Run one episode; a harness this stack has no runner for is an `infra_error`."""
+        """Run one episode; a harness this stack has no runner for is an `infra_error`.
+        `stopping` (the stack's current one by default) ends it when set."""
         runner = self.runners.get(request.harness)
         if runner is None:
             return EpisodeResult.never_ran(request, self.config.reward,
                                            f"no runner for harness {request.harness!r} here")
         self.engine.on_episode_start(request.task)
         return runner.run(request.task, sampling=request.sampling,
-                          policy_version=request.policy_version, on_session=on_session)
+                          policy_version=request.policy_version, on_session=on_session,
+                          stopping=self.stopping if stopping is None else stopping)
 
     def stop_running(self) -> None:
-        """End every episode running on this stack within about `_WATCH_INTERVAL_S` (its CLI
-        killed, its sandbox closed: an `infra_error`), and every later one before it starts."""
-        for runner in self.runners.values():
-            runner.stopping.set()
+        """End every episode running on this stack, or queued for it, within about
+        `_WATCH_INTERVAL_S` (its CLI killed, its sandbox closed: an `infra_error`). Episodes
+        begun after it run as usual: a stop ends what is there, it does not shut the stack (a
+        notebook's interrupted loop leaves an env that still works)."""
+        with self._stop_lock:
+            stopping, self._stopping = self._stopping, threading.Event()
+        stopping.set()
 
     def close(self) -> None:
         """Release everything the stack started. Idempotent."""

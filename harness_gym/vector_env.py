@@ -45,14 +45,18 @@ a ready one (keywords given beside it override its fields).
 The step's episodes go to an `EpisodeExecutor` (`harness_gym.scaleout.executors`): local
 threads, or with `executor="ray"` / `executor=RayCluster(...)` a Ray cluster: one `NodeRunner`
 actor per suitable node, each with its own proxy in front of the engine, which must then be a
-spec string (`vllm:URL` on a real cluster). `RayCluster` holds every Ray setting (address, `ray.init`
-keywords, actor options, node labels, the executor's clocks). Infos are the same either way. See
-`harness_gym.scaleout.ray_executor` and docs/scale-out.md.
+spec string (`vllm:URL` on a real cluster). `RayCluster` holds every Ray setting (address,
+`ray.init` keywords, actor options, node labels, the executor's clocks). Infos are the same
+either way. See `harness_gym.scaleout.ray_executor` and docs/scale-out.md.
 
 A task list to get through (an evaluation) wants no lockstep: a step waits for its slowest
 episode, and one looping episode (880 s where the others took 40-130 s) idles every other
 sub-env. `run_continuously(tasks)` keeps all `num_envs` busy instead, starting the next task the
 moment an episode ends, and yields each episode's `(reward, info)` as it finishes.
+
+An interrupted `step()` (a notebook's Ctrl-C, a SIGTERM turned into an exception) or a closed
+`run_continuously` generator stops the episodes it started (the executor's `stop_running`:
+each CLI killed within about a second), whose results would be dropped, and the env runs on.
 """
 
 from __future__ import annotations
@@ -172,11 +176,15 @@ class HarnessVectorEnv(VectorEnv):
             for i, (sampling, version) in enumerate(per_env)
         }
         results: list[EpisodeResult | None] = [None] * self.num_envs
-        with _StepProgress(self.num_envs, enabled=self.config.progress) as bar:
-            for future in as_completed(futures):
-                result = future.result()  # EpisodeRunner.run turns every failure into an outcome
-                results[futures[future]] = result
-                bar.done(result.outcome)
+        try:
+            with _StepProgress(self.num_envs, enabled=self.config.progress) as bar:
+                for future in as_completed(futures):
+                    result = future.result()  # EpisodeRunner.run makes every failure an outcome
+                    results[futures[future]] = result
+                    bar.done(result.outcome)
+        except BaseException:  # an interrupt: nobody will see these episodes' results
+            _stop_and_wait(executor, futures)
+            raise
         episodes = [r.info() for r in results]
         self._current = self._draw_tasks(None)  # same-step autoreset
         for i, info in enumerate(episodes):
@@ -200,9 +208,9 @@ class HarnessVectorEnv(VectorEnv):
 
         The next task is submitted only when a slot frees: a queued episode would hold a Ray
         node's slot, and would still run after the consumer gave up (a Ray future's `cancel()`
-        does not reach the node). When the generator is closed early or fails, the episodes it
-        submitted are cancelled if they have not started (threads) and waited for otherwise,
-        their results dropped; no further task starts.
+        does not reach the node). When the generator is closed early or fails (a consumer's
+        `break`, a notebook's interrupt), the episodes it submitted are stopped, their results
+        dropped (`_stop_and_wait`); no further task starts, and the env runs on.
         """
         sampling, version = self._parse_action(action)
         executor = self._start()
@@ -226,9 +234,7 @@ class HarnessVectorEnv(VectorEnv):
                     fill(slot)  # before yielding: the consumer's time must not idle the slot
                     yield result.reward, {**result.info(), "env_index": slot}
         finally:
-            for future in running:
-                future.cancel()
-            wait(running)
+            _stop_and_wait(executor, running)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -279,6 +285,17 @@ class HarnessVectorEnv(VectorEnv):
         return sampling, self.policy_version if version is None else version
 
 
+def _stop_and_wait(executor: EpisodeExecutor, futures: Iterable[Future[EpisodeResult]]) -> None:
+    """Cancel the episodes that have not started; stop the running ones (`stop_running`, where
+    the executor has it: every episode it runs then ends within about a second, its CLI
+    killed), since nobody will read their results; wait until all have ended."""
+    pending = [f for f in futures if not f.cancel() and not f.done()]
+    stop_running = getattr(executor, "stop_running", None)
+    if pending and stop_running is not None:
+        stop_running()
+    wait(pending)
+
+
 def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per-env info dicts -> one dict of arrays with `_key` masks (Gymnasium's layout).
 
@@ -304,8 +321,9 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _array(values: list[Any], mask: np.ndarray, n: int) -> np.ndarray:
     present = [v for v, m in zip(values, mask) if m]
     kinds = {type(v) for v in present}
-    if len(kinds) == 1 and (kinds <= {bool, int, float} or issubclass(next(iter(kinds)), np.number)):
-        array = np.zeros(n, dtype=next(iter(kinds)))
+    kind = next(iter(kinds), None)
+    if len(kinds) == 1 and (kinds <= {bool, int, float} or issubclass(kind, np.number)):
+        array = np.zeros(n, dtype=kind)
         array[mask] = present
         return array
     array = np.full(n, None, dtype=object)

@@ -413,3 +413,43 @@ def test_a_finished_runs_trainer_checkpoint_leaves_the_workdir_and_the_state(tmp
         assert not (root / "sft" / "trainer").exists()
         assert (root / "lr-sweep" / "lr-2e-05").is_dir()
         assert not (root / "lr-sweep" / "lr-2e-05" / "trainer").exists()
+
+
+def test_a_live_runs_workdir_refuses_a_second_run_and_is_reported_on_without_a_claim(tmp_path):
+    """Two runs writing one workdir would corrupt its checkpoints and traces: a second is
+    refused, naming the first's pid; `--report-only` reads the workdir while it runs; the claim
+    goes with its process, however that ends (here SIGKILL)."""
+    import dataclasses
+    import subprocess
+
+    import learning_curve
+    from curve.config import STAGES, wanted
+    from curve.process import WorkdirBusy, claim_workdir
+
+    from harness_gym.training.report import readme_block
+
+    work = tmp_path / "work"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from curve.process import claim_workdir; claim = claim_workdir(Path(sys.argv[1])); "
+         "print('held', flush=True); time.sleep(600)", str(work)],
+        cwd=REPO / "benchmarks", stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        preset = learning_curve.PRESETS["quick"]
+        pipeline = learning_curve.Pipeline(preset, work, tmp_path / "results", progress=False)
+        with pytest.raises(WorkdirBusy, match=f"in use by the run of pid {holder.pid} "):
+            pipeline.run(["sft"])
+        assert not (work / "sft").exists()  # refused before it wrote anything
+        (work / "config.json").write_text(json.dumps(dataclasses.asdict(preset)))
+        results = pipeline.run([])  # --report-only, beside the live run
+        assert results["stages"] == {"eval": {}}
+        assert results["stages_pending"] == wanted(list(STAGES), preset)  # and it says so
+        assert "still to run: `demos`, `sft`," in readme_block(results, "learning_curve.json")
+        assert (tmp_path / "results" / "learning_curve_quick.json").exists()
+        assert (work / "run.pid").read_text() == f"{holder.pid}\n"  # still the live run's
+    finally:
+        holder.kill()
+        holder.wait()
+    with claim_workdir(work):  # the killed run's claim went with it
+        assert (work / "run.pid").read_text() == f"{os.getpid()}\n"

@@ -8,7 +8,9 @@ import asyncio
 import json
 import random
 import shutil
+import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from operator import itemgetter
 from typing import Any
@@ -47,14 +49,37 @@ class RecordsStarts(OracleEngine):
 
 
 class HoldsOneTask(RecordsStarts):
-    """The oracle, except that the episode on `held` gets no answer until an episode on
-    `awaited` has started (or `HOLD_S` passed: then `gave_up`), as a looping episode would
-    keep its sub-env busy. The hold awaits off the proxy's event loop, so other episodes'
-    calls are answered meanwhile."""
+    """The oracle, except that the calls of the episode on `held` are answered only once
+    `hold()` returns. The hold awaits on the proxy's event loop without blocking it, so other
+    episodes' calls are answered meanwhile."""
 
-    def __init__(self, scorer: Any, held: Any, awaited: Any) -> None:
+    def __init__(self, scorer: Any, held: Any) -> None:
         super().__init__(scorer)
         self.held_key = task_key(held.problem_statement)
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+               context: RequestContext = NO_CONTEXT) -> AsyncIterator[TokenChunk]:
+        answer = super().stream(prompt_ids, sampling, context)
+        if self.held_key not in self.tokenizer.decode(prompt_ids, skip_special_tokens=False):
+            return answer
+        return self._after_the_hold(answer)
+
+    async def _after_the_hold(self, answer: AsyncIterator[TokenChunk]
+                              ) -> AsyncIterator[TokenChunk]:
+        await self.hold()
+        async for chunk in answer:
+            yield chunk
+
+    async def hold(self) -> None:
+        raise NotImplementedError
+
+
+class HoldsUntilAnotherStarts(HoldsOneTask):
+    """The held episode gets no answer until an episode on `awaited` has started (or
+    `HOLD_S` passed: then `gave_up`), as a looping episode would keep its sub-env busy."""
+
+    def __init__(self, scorer: Any, held: Any, awaited: Any) -> None:
+        super().__init__(scorer, held)
         self.awaited_id = awaited.instance_id
         self.gave_up = False
         self._awaited_started = threading.Event()
@@ -64,18 +89,9 @@ class HoldsOneTask(RecordsStarts):
         if task.instance_id == self.awaited_id:
             self._awaited_started.set()
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
-               context: RequestContext = NO_CONTEXT) -> AsyncIterator[TokenChunk]:
-        answer = super().stream(prompt_ids, sampling, context)
-        if self.held_key not in self.tokenizer.decode(prompt_ids, skip_special_tokens=False):
-            return answer
-        return self._once_released(answer)
-
-    async def _once_released(self, answer: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
+    async def hold(self) -> None:
         if not await asyncio.to_thread(self._awaited_started.wait, HOLD_S):
             self.gave_up = True
-        async for chunk in answer:
-            yield chunk
 
 
 @needs_pi
@@ -83,7 +99,7 @@ def test_a_held_episode_does_not_keep_the_next_task_from_starting(tiny, tmp_path
     # Two sub-envs, three tasks; the first task's episode is answered only once the third
     # task's episode has started. In lockstep the third waits for the first: it gives up.
     tasks = load_tasks("builtin")[:3]
-    engine = HoldsOneTask(tiny, held=tasks[0], awaited=tasks[2])
+    engine = HoldsUntilAnotherStarts(tiny, held=tasks[0], awaited=tasks[2])
     config = EpisodeConfig.build(engine=engine, harness="pi", progress=False)
     episodes = run_tasks(tasks, config, out_dir=tmp_path, num_envs=2, progress=False)
     assert not engine.gave_up, (
@@ -110,22 +126,89 @@ def test_a_held_episode_does_not_keep_the_next_task_from_starting(tiny, tmp_path
     assert list(tmp_path.glob("*.jsonl")) == [file]  # nothing ran: no env, no new file
 
 
+class NeverAnswersOneTask(HoldsOneTask):
+    """The held episode gets no answer for `HELD_S` (`on_hold` is called as the hold begins):
+    a stop must not wait for it. The hold is a cancellable sleep, ended with the call when the
+    episode's CLI is killed (`hold_cut`)."""
+
+    def __init__(self, scorer: Any, held: Any, on_hold: Any = None) -> None:
+        super().__init__(scorer, held)
+        self.on_hold = on_hold
+        self.hold_cut = threading.Event()
+
+    async def hold(self) -> None:
+        if self.on_hold is not None:
+            self.on_hold()
+        held = False
+        try:
+            await asyncio.sleep(HELD_S)
+            held = True
+        finally:
+            if not held:
+                self.hold_cut.set()
+
+
+HELD_S = 600.0  # what closing the generator would wait for the held episode, were it waited on
+
+
 @needs_pi
-def test_a_consumer_that_stops_early_starts_no_further_task(tiny):
+def test_a_consumer_that_stops_early_ends_what_runs_starts_nothing_more_and_the_env_runs_on(
+        tiny):
     tasks = load_tasks("builtin")[:4]
-    engine = RecordsStarts(tiny)
+    engine = NeverAnswersOneTask(tiny, held=tasks[0])
     vec = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
                        tasks=tasks, engine=engine, harness="pi", progress=False)
     try:
         episodes = vec.unwrapped.run_continuously(tasks)
-        _, first = next(episodes)
-        episodes.close()  # the third task is cancelled or run to its end; the fourth never starts
-        assert first["task_id"] in {tasks[0].instance_id, tasks[1].instance_id}
+        _, first = next(episodes)  # the second task's: the first is held
+        assert first["task_id"] == tasks[1].instance_id and first["outcome"] == "passed"
+        began = time.monotonic()
+        episodes.close()  # the held episode and the third task's are stopped, not waited for
+        closed_s = time.monotonic() - began
+        assert closed_s < 60, f"closing took {closed_s:.0f} s: the held episode was waited on"
+        assert engine.hold_cut.wait(10)  # its call ended with its CLI: not left to run on
         assert set(engine.started[:2]) == {tasks[0].instance_id, tasks[1].instance_id}
         assert tasks[3].instance_id not in engine.started
-        (reward, last), = vec.unwrapped.run_continuously(tasks[3:])  # and the env runs on
+        # The stop ended what ran then, nothing later: the env runs the next task to its end.
+        (reward, last), = vec.unwrapped.run_continuously(tasks[3:])
         assert last["outcome"] == "passed" and reward > 0 and last["env_index"] == 0
     finally:
+        vec.close()
+
+
+class Interrupted(Exception):
+    """What the test's SIGUSR1 handler raises in the main thread, as Ctrl-C raises
+    KeyboardInterrupt (which, raised at the wrong moment, would end the whole pytest run)."""
+
+
+@needs_pi
+def test_an_interrupted_step_stops_its_episodes_and_the_env_runs_on(tiny):
+    tasks = load_tasks("builtin")[:4]
+    main = threading.main_thread().ident
+    engine = NeverAnswersOneTask(tiny, held=tasks[0],
+                                 on_hold=lambda: signal.pthread_kill(main, signal.SIGUSR1))
+    vec = gym.make_vec("HarnessSWE-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                       tasks=tasks, engine=engine, harness="pi", progress=False)
+
+    def interrupt(*_: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        vec.reset(options={"task_ids": [t.instance_id for t in tasks[:2]]})
+        began = time.monotonic()
+        with pytest.raises(Interrupted):  # raised once the held episode's call waits
+            vec.step(None)
+        stopped_s = time.monotonic() - began
+        assert stopped_s < 60, f"the interrupted step took {stopped_s:.0f} s to return"
+        assert engine.hold_cut.wait(10)  # stopped, not left to run on
+        signal.signal(signal.SIGUSR1, previous)
+        # The episodes it started are gone and the stop is over: the next step runs in full.
+        vec.reset(options={"task_ids": [t.instance_id for t in tasks[2:]]})
+        _, rewards, _, _, infos = vec.step(None)
+        assert list(infos["outcome"]) == ["passed", "passed"] and all(rewards > 0)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
         vec.close()
 
 
@@ -137,8 +220,9 @@ def _episodes(rates: dict[str, float], samples: int, *, seed: int = 0) -> list[d
 
 
 def test_pass_at_1_over_samples_is_the_mean_of_the_instances_pass_rates():
-    episodes = ([{"task_id": "a", "outcome": "passed"}] * 3 + [{"task_id": "a", "outcome": "failed"}]
-                + [{"task_id": "b", "outcome": "failed"}] * 4)
+    a_passed, a_failed, b_failed = ({"task_id": t, "outcome": o}
+                                    for t, o in (("a", "passed"), ("a", "failed"), ("b", "failed")))
+    episodes = [a_passed] * 3 + [a_failed] + [b_failed] * 4
     summary = summarize([dict(e, n_tool_calls=1) for e in episodes])
     assert summary["pass_at_1"] == pytest.approx(0.375)
     assert summary["n_instances"] == 2 and summary["samples_per_instance"] == 4

@@ -252,7 +252,7 @@ def test_the_results_file_holds_every_stage_and_the_configuration_with_a_plot(qu
                                       "grpo-nopenalty", "grpo-flat", "eval"}
     assert set(results["stages"]["eval"]) == {"base", "sft", "grpo", "grpo-nopenalty",
                                               "grpo-flat"}
-    assert set(results["times"]) == set(STAGES)
+    assert set(results["times"]) == set(STAGES) and results["stages_pending"] == []
     assert all(t["wall_s"] > 0 and t["cpu_s"] >= 0 for t in results["times"].values())
     assert results["calibration"]["sft_train_pass_at_temperature"] == \
         results["stages"]["train-pass"]["summary"]["pass_at_1"]

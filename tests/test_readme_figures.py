@@ -73,8 +73,8 @@ def figures(text: str) -> list[tuple[str, str, str]]:
 
 def results_numbers(name: str) -> list[Decimal]:
     text = (RESULTS / name).read_text()
-    return [Decimal(n.replace(",", "")) for n in re.findall(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?", text)
-            if "e" not in n]
+    found = re.findall(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?", text)
+    return [Decimal(n.replace(",", "")) for n in found if "e" not in n]
 
 
 def _quantum(figure: str) -> Decimal:
@@ -82,9 +82,18 @@ def _quantum(figure: str) -> Decimal:
 
 
 def matches(figure: str, numbers: list[Decimal]) -> bool:
+    """The figure is a number of the file at the figure's precision, or that number x 100 (a
+    fraction printed as a percentage). Rounded either as the decimal text (half to even) or as
+    Python prints the float the text holds: 0.5375 is 0.53749999... as a float, so `:.3f`
+    prints 0.537 where the decimal rounds to 0.538."""
     value, quantum = Decimal(figure.replace(",", "")), _quantum(figure)
-    return any(n.quantize(quantum) == value or (n * 100).quantize(quantum) == value
-               for n in numbers)
+    places = max(0, -quantum.as_tuple().exponent)
+
+    def printed(n: Decimal) -> Decimal:
+        return Decimal(f"{float(n):.{places}f}")
+
+    return any(value in (n.quantize(quantum), (n * 100).quantize(quantum), printed(n),
+                         printed(n * 100)) for n in numbers)
 
 
 def is_ratio_of(figure: str, sourced: list[str]) -> bool:

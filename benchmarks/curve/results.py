@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from .config import PRESETS, STAGES
+from .config import PRESETS, STAGES, wanted
 from .plan import measured_units, plan, vllm_throughput
 from .process import log
 from .state import discarded
@@ -62,6 +62,9 @@ class ResultsWriter:
                 stages[stage] = metrics
         results = {"mode": self.config.mode, "config": dataclasses.asdict(self.config),
                    "machine": {"cores": os.cpu_count()}, "stages": stages}
+        # what this configuration runs and has not finished: a run still in progress says so
+        results["stages_pending"] = [s for s in wanted(list(STAGES), self.config)
+                                     if self.done(s) is None]
         results["times"] = {stage: {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
                             for stage in STAGES if (m := self.done(stage)) is not None}
         total = {k: sum(t[k] for t in results["times"].values()) for k in ("wall_s", "cpu_s")}
@@ -71,6 +74,7 @@ class ResultsWriter:
         results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
                                   "cpu_h": round(total["cpu_s"] / 3600, 2),
                                   "discarded_wall_s": thrown,
+                                  "discarded_wall_h": round(thrown / 3600, 2),
                                   "spent_wall_h": round((total["wall_s"] + thrown) / 3600, 2)}
         calib = stages.get("train-pass")
         results["calibration"] = None if calib is None else {

@@ -67,10 +67,11 @@ class ThreadEpisodeExecutor:
         return self.stack.engine
 
     def submit(self, request: EpisodeRequest) -> Future[EpisodeResult]:
-        return self._pool.submit(self.stack.run, request)
+        return self._pool.submit(self.stack.run, request, stopping=self.stack.stopping)
 
     def stop_running(self) -> None:
-        """End the running episodes now (`infra_error`); queued ones never start."""
+        """End the running episodes now (`infra_error`); queued ones never start; episodes
+        submitted later run."""
         self.stack.stop_running()
 
     def close(self) -> None:

@@ -91,8 +91,8 @@ class NodeRunner:
             self._closed.wait(WATCH_TICK_S)
 
     def stop_running(self) -> None:
-        """End this node's running episodes now and every later one before it starts
-        (`EpisodeStack.stop_running`: each an `infra_error`, its CLI killed)."""
+        """End this node's running episodes now (`EpisodeStack.stop_running`: each an
+        `infra_error`, its CLI killed); later ones run."""
         self.stack.stop_running()
 
     def close(self) -> None:

@@ -191,8 +191,8 @@ class RayEpisodeExecutor:
 
     def stop_running(self) -> None:
         """End the running episodes now: each node's runner stops its own (its CLIs killed,
-        an `infra_error` within about a second, as with threads); queued ones never start.
-        For a trainer that is stopping: the executor is closed next."""
+        an `infra_error` within about a second, as with threads); queued ones never start;
+        episodes submitted later run."""
         if not self._closed:
             self._ask(self._stop_running)
 

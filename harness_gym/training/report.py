@@ -163,6 +163,10 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
         "",
         results_table(results),
     ]
+    pending = results.get("stages_pending")
+    if pending:
+        lines += ["", ("**In progress**: these figures are the stages finished so far; still to "
+                       "run: " + ", ".join(f"`{stage}`" for stage in pending) + ".")]
     calibration = results.get("calibration")
     if calibration:
         low, high = calibration["ci"]
@@ -188,8 +192,12 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
             f"`{k}` = {_fmt(v)}" for k, v in targets.items()) + "."]
     times = results.get("times_total")
     if times:
+        spent = ""
+        if times.get("discarded_wall_s"):  # stages run, then removed by a changed configuration
+            spent = (f"; with the {times['discarded_wall_h']:.2f} h of stages it ran and "
+                     f"then discarded, {times['spent_wall_h']:.2f} h of the budget are spent")
         lines += ["", (f"This run took {times['wall_h']:.2f} h of wall time "
-                  f"({times['cpu_h']:.2f} CPU h) over its stages.")]
+                  f"({times['cpu_h']:.2f} CPU h) over its stages{spent}.")]
     plan = results.get("plan") or {}
     if plan.get("expected_s"):
         lines += ["", _plan_sentence(plan)]
