@@ -111,6 +111,54 @@ def test_temperature_and_entropy_are_those_of_the_scaled_distribution():
         FrozenPrefixScorer(model).token_logprobs(ids, 0)
 
 
+def test_only_the_scored_positions_get_logits_and_the_gradient_is_the_masked_ones():
+    ids, start = row(80), 60
+    scored = torch.tensor([i % 3 != 1 for i in range(len(ids) - start)])
+    weights = torch.linspace(0.5, 1.5, len(ids) - start)
+    model = tiny_model()
+
+    every, every_entropy = FrozenPrefixScorer(model).token_logprobs(ids, start, entropy=True)
+    (every * weights * scored).sum().backward()
+    masked_grads = grads(model)
+    some, some_entropy = FrozenPrefixScorer(model).token_logprobs(ids, start, entropy=True,
+                                                                  scored=scored)
+    (some * weights).sum().backward()
+    assert torch.allclose(some[scored], every[scored], atol=1e-6)
+    assert torch.allclose(some_entropy[scored], every_entropy[scored], atol=1e-5)
+    assert (some[~scored] == 0).all() and (some_entropy[~scored] == 0).all()
+    for name, grad in grads(model).items():
+        assert torch.allclose(grad, masked_grads[name], atol=1e-6), name
+    with pytest.raises(ValueError, match="scored has 19 flags for 20 loss positions"):
+        FrozenPrefixScorer(model).token_logprobs(ids, start, scored=scored[:-1])
+
+
+def test_training_recomputes_each_mlp_in_the_backward_pass_and_the_gradient_is_unchanged(
+        monkeypatch):
+    ids, start = row(80), 50
+    model = tiny_model()
+    runs = []
+    mlp_type = type(model.model.layers[0].mlp)
+    forward = mlp_type.forward
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        runs.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlp_type, "forward", counted)
+    by_mode = {}
+    for training in (False, True):
+        model.train(training)
+        logps, _ = FrozenPrefixScorer(model).token_logprobs(ids, start)
+        before = len(runs)
+        logps.sum().backward()
+        by_mode[training] = (len(runs) - before, grads(model))
+    layers = len(model.model.layers)
+    assert by_mode[False][0] == 0 and by_mode[True][0] == layers  # again only when training
+    for name, grad in by_mode[True][1].items():
+        assert torch.allclose(grad, by_mode[False][1][name], atol=1e-6), name
+    assert "forward" not in model.model.layers[0].mlp.__dict__  # the model is left as it was
+
+
 def test_the_frozen_prefix_sft_loss_equals_the_full_masked_loss(tmp_path):
     from harness_gym.training.sft import sft_rows, sft_trainer
 
@@ -170,8 +218,9 @@ def test_the_frozen_prefix_grpo_trainer_scores_completions_as_trl_does(tmp_path)
     trainer._sampled_mask = torch.tensor([[0] * 12 + [1] * 4, [1] * 6 + [0] * 4 + [1] * 6])
     masked, _, _ = trainer._get_per_token_logps_and_entropies(
         trainer.model, input_ids, attention, 16, compute_entropy=True)
-    assert (masked[0] == 0).all() and torch.allclose(masked[1][real[1]], theirs[1][real[1]],
-                                                     atol=1e-4)
+    sampled = trainer._sampled_mask[1].bool() & real[1]  # only the sampled tokens get logits
+    assert (masked[0] == 0).all() and (masked[1][~sampled] == 0).all()
+    assert torch.allclose(masked[1][sampled], theirs[1][sampled], atol=1e-4)
     assert trainer.frozen_prefix_stats()["grad_tokens"] == 12 + 16 + 16
     # every row out of the loss: nothing scored, and the loss still backpropagates (zeros)
     trainer._sampled_mask = torch.zeros(2, 16, dtype=torch.long)
@@ -180,3 +229,43 @@ def test_the_frozen_prefix_grpo_trainer_scores_completions_as_trl_does(tmp_path)
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     assert all(p.grad is not None and not p.grad.any() for p in trainable)
     assert trainer.frozen_prefix_stats()["grad_tokens"] == 12 + 16 + 16
+
+
+def test_one_row_a_pass_updates_the_weights_as_one_pass_over_the_group(tmp_path):
+    """The learning curve trains a GRPO step one row a pass (`benchmarks/curve/grpo.py`, for its
+    memory): under TRL's default loss the update is that of one pass over the whole group. Plain
+    SGD, so the update is the gradient itself (Adam's first step would hide its size)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from harness_gym.training.trainers import FrozenPrefixGRPOTrainer
+
+    prompt = row(30, 1)
+    completions = [row(n, 10 + n) for n in (8, 20, 13, 16)]
+    env_masks = [[1] * n for n in (8, 20, 13, 16)]
+    env_masks[1][5:12] = [0] * 7  # a tool's output inside the second row
+    rewards = [1.0, 0.0, 0.5, 0.0]
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        return {"prompt_ids": [prompt] * 4, "completion_ids": completions,
+                "logprobs": [[-1.0] * len(c) for c in completions], "env_mask": env_masks}
+
+    updates = []
+    for batch, accumulate in ((4, 1), (1, 4)):
+        model = tiny_model()
+        before = {k: p.detach().clone() for k, p in model.named_parameters()}
+        args = GRPOConfig(
+            output_dir=str(tmp_path / str(batch)), per_device_train_batch_size=batch,
+            gradient_accumulation_steps=accumulate, num_generations=4, max_steps=1,
+            max_completion_length=32, optim="sgd", learning_rate=1.0, max_grad_norm=0.0,
+            beta=0.0, report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0,
+            activation_checkpointing=False)
+        trainer = FrozenPrefixGRPOTrainer(
+            model=model, processing_class=load_tiny_tokenizer(), args=args,
+            train_dataset=Dataset.from_dict({"prompt": ["a"]}), rollout_func=rollout,
+            reward_funcs=lambda completions, **kw: rewards[:len(completions)])
+        trainer.train()
+        updates.append({k: p.detach() - before[k] for k, p in model.named_parameters()})
+    assert max(float(u.abs().max()) for u in updates[0].values()) > 1e-4  # a real step
+    for name, update in updates[0].items():
+        assert torch.allclose(updates[1][name], update, rtol=1e-4, atol=1e-7), name

@@ -34,10 +34,13 @@ prefix; rows run one at a time (gradient accumulation gives larger batches).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..engines._sampling import processed_logprobs
 from ..engines.base import SamplingParams
@@ -79,13 +82,21 @@ class FrozenPrefixScorer:
         top_p: float = 1.0,
         top_k: int = 0,
         entropy: bool = False,
+        scored: Sequence[bool] | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log p(ids[t] | ids[:t]) for t in [start, len(ids)) (1-D, with gradient), and the
         entropy of each of those next-token distributions when asked. Logits are divided by
         `temperature` first (as TRL does when it re-scores samples); with `top_p` < 1 or
         `top_k` > 0 the distribution is the sampler's, renormalised over the tokens it kept
         (`engines._sampling.processed_logprobs`, which the engines sample from), and a token
-        outside that set has logprob -inf."""
+        outside that set has logprob -inf.
+
+        `scored` (one flag per t) names the positions that carry a loss, the tokens the model
+        sampled: the others (a tool's output the harness inserted) still run with gradient, as
+        their keys and values feed the later tokens, but get no logits: logprob 0, entropy 0.
+        Why: each position's vocabulary-wide tensors are kept for the backward pass (measured
+        on a GRPO step of 4 rows, 4,955 completion tokens of which 1,398 sampled: peak 20.1 GB
+        scoring every position, 15.4 GB scoring the sampled ones, the loss the same)."""
         ids = [int(i) for i in ids]
         if not 1 <= start < len(ids):
             raise ValueError(f"start must be in [1, {len(ids)}) for a row of {len(ids)} tokens, "
@@ -95,6 +106,7 @@ class FrozenPrefixScorer:
             raise ValueError("the frozen prefix needs the KV cache, which gradient checkpointing "
                              "disables: train with activation_checkpointing=False")
         device = self.model.get_input_embeddings().weight.device
+        keep = None if scored is None else _scored_positions(scored, len(ids) - start, device)
         frozen = start - 1
         kv, reused = self.cache.restore(ids[: frozen + 1])  # at most `frozen` tokens
         if frozen > reused:
@@ -102,7 +114,8 @@ class FrozenPrefixScorer:
                 self._forward(ids[reused:frozen], kv, device)
             self.cache.add(ids[:frozen], kv)
             self.frozen_tokens += frozen - reused
-        logits = self._forward(ids[frozen:-1], kv, device).float()
+        with _recomputed_mlps(self.model):
+            logits = self._forward(ids[frozen:-1], kv, device, keep).float()
         self.grad_tokens += len(ids) - 1 - frozen
         if top_p < 1.0 or top_k > 0:
             logprobs = processed_logprobs(
@@ -111,13 +124,59 @@ class FrozenPrefixScorer:
             logprobs = torch.log_softmax(logits / temperature if temperature != 1.0 else logits,
                                          dim=-1)
         targets = torch.tensor(ids[start:], device=logprobs.device)
+        if keep is not None:
+            targets = targets[keep]
         picked = logprobs.gather(1, targets[:, None])[:, 0]
-        if not entropy:
-            return picked, None
-        # with gradient (a bonus may use it); a token the sampler dropped adds nothing
-        terms = torch.where(logprobs.isfinite(), logprobs.exp() * logprobs, 0.0)
-        return picked, -terms.sum(dim=-1)
+        entropies = None
+        if entropy:
+            # with gradient (a bonus may use it); a token the sampler dropped adds nothing
+            terms = torch.where(logprobs.isfinite(), logprobs.exp() * logprobs, 0.0)
+            entropies = -terms.sum(dim=-1)
+        if keep is None:
+            return picked, entropies
+        return (_spread(picked, keep, len(ids) - start),
+                None if entropies is None else _spread(entropies, keep, len(ids) - start))
 
-    def _forward(self, ids: list[int], kv: Any, device: Any) -> torch.Tensor:
+    def _forward(self, ids: list[int], kv: Any, device: Any,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
         inputs = torch.tensor([ids], dtype=torch.long, device=device)
-        return self.model(input_ids=inputs, use_cache=True, **{self._kwarg: kv}).logits[0]
+        positions = {} if keep is None else {"logits_to_keep": keep}
+        return self.model(input_ids=inputs, use_cache=True, **{self._kwarg: kv},
+                          **positions).logits[0]
+
+
+@contextmanager
+def _recomputed_mlps(model: Any) -> Iterator[None]:
+    """Each decoder layer's MLP keeps only its input for the backward pass and runs again in it
+    (activation checkpointing). Why: its intermediates are about a third of what a position keeps
+    (measured: a 2,626-token completion's peak 11.8 GB -> 9.1 GB, the step's time unchanged on
+    two cores). Only the MLP: attention updates the KV cache, which a second run would append to
+    twice. A no-op without gradient, and for models whose layers have no `.mlp`."""
+    if not (torch.is_grad_enabled() and model.training):
+        yield
+        return
+    mlps = [m for name, m in model.named_modules() if name.endswith(".mlp")]
+    shadowed = [m.__dict__.get("forward") for m in mlps]
+    for mlp in mlps:
+        mlp.forward = functools.partial(checkpoint, mlp.forward, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for mlp, own in zip(mlps, shadowed, strict=True):
+            if own is None:
+                del mlp.forward
+            else:
+                mlp.forward = own
+
+
+def _scored_positions(scored: Sequence[bool] | torch.Tensor, positions: int,
+                      device: Any) -> torch.Tensor:
+    flags = torch.as_tensor(scored, device=device).flatten()
+    if len(flags) != positions:
+        raise ValueError(f"scored has {len(flags)} flags for {positions} loss positions")
+    return flags.bool().nonzero()[:, 0]
+
+
+def _spread(values: torch.Tensor, keep: torch.Tensor, positions: int) -> torch.Tensor:
+    """`values` (one per kept position) at their places in a row of `positions`, 0 elsewhere."""
+    return values.new_zeros(positions).index_put((keep,), values)

@@ -159,7 +159,8 @@ class FrozenPrefixGRPOTrainer(_FrozenPrefixMixin, GRPOTrainer):
                 continue
             picked, entropy = scorer.token_logprobs(
                 ids.tolist(), len(ids) - n, temperature=self.temperature, top_p=self.top_p,
-                top_k=self.top_k or 0, entropy=compute_entropy)
+                top_k=self.top_k or 0, entropy=compute_entropy,
+                scored=None if sampled is None else sampled[row, :n])
             outside = ~picked.isfinite()
             if outside.any():  # see the module docstring
                 counted = outside if sampled is None else outside & sampled[row, :n].bool()
