@@ -222,7 +222,7 @@ def record_discarded(folder: Path, stage: str, changed: list[str], recorded: byt
         span = max(times) - min(times) if times else 0.0
         entry.update(complete=False,
                      wall_s=max(span, sum(s["wall_s"] for s in sittings)),
-                     cpu_s=sum(s["cpu_s"] for s in sittings) if sittings else None)
+                     cpu_s=sum(s["cpu_s"] or 0.0 for s in sittings) if sittings else None)
     ledger = discarded(folder)
     if any((e["stage"], e["config_sha256"]) == (stage, entry["config_sha256"]) for e in ledger):
         return
