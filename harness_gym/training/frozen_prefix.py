@@ -30,6 +30,12 @@ prefix forward follows `model.training` (SmolLM2 and Qwen2 have none).
 Why not packing: on a CPU a forward's cost grows with its tokens, so padding several rows into
 one batch or packing them into one sequence saves nothing, while each row still needs its own
 prefix; rows run one at a time (gradient accumulation gives larger batches).
+
+Memory: what a row keeps for its backward pass grows with its completion (a multi-turn
+episode's completion holds the tool output between its turns). Only the sampled positions get
+logits (`scored`), and each layer's MLP is recomputed in the backward pass; a trainer that runs
+one row a pass (gradient accumulation) then holds one row's graph at a time
+(`benchmarks/grpo_step_memory.py` measures it).
 """
 
 from __future__ import annotations
