@@ -379,10 +379,12 @@ class EpisodeStack:
         if runner is None:
             return EpisodeResult.never_ran(request, self.config.reward,
                                            f"no runner for harness {request.harness!r} here")
-        self.engine.on_episode_start(request.task)
+        stopping = self.stopping if stopping is None else stopping
+        if not stopping.is_set():  # one stopped before it began is no episode to the engine
+            self.engine.on_episode_start(request.task)
         return runner.run(request.task, sampling=request.sampling,
                           policy_version=request.policy_version, on_session=on_session,
-                          stopping=self.stopping if stopping is None else stopping)
+                          stopping=stopping)
 
     def stop_running(self) -> None:
         """End every episode running on this stack, or queued for it, within about

@@ -375,7 +375,12 @@ def test_a_stage_cut_in_one_sitting_and_finished_in_the_next_counts_both(tmp_pat
         pipeline().run(["demos"])
     (cut,) = earlier_sittings(work / "demos")
     assert 0.3 <= cut["wall_s"] < 30 and not (work / "demos" / "metrics.json").exists()
+    # a run in progress counts the sittings of its unfinished stages in the budget spent
+    times = pipeline().write_results()["times_total"]
+    assert times["unfinished_wall_s"] == cut["wall_s"] and times["wall_s"] == 0
+    assert times["spent_wall_h"] == round(cut["wall_s"] / 3600, 2)
     pipeline().run(["demos"])
+    assert pipeline().write_results()["times_total"]["unfinished_wall_s"] == 0
     done = json.loads((work / "demos" / "metrics.json").read_text())
     assert done["answer"] == 42 and done["sittings"] == 2 and not done["cpu_s_partial"]
     assert cut["wall_s"] + 0.3 <= done["wall_s"] < cut["wall_s"] + 30

@@ -26,6 +26,7 @@ from harness_gym.engines.scripted import task_key
 from harness_gym.training.evaluation import (
     EPISODE_FIELDS,
     instance_pass_rates,
+    instance_quit_rates,
     paired_difference,
     recorded_episodes,
     run_tasks,
@@ -258,6 +259,24 @@ def test_a_paired_difference_uses_only_instances_both_checkpoints_scored():
              {"task_id": "c", "outcome": "passed"}]
     diff = paired_difference(before, after)
     assert diff["n_instances"] == 1 and diff["points"] == 100.0
+
+
+def test_a_paired_quit_rate_difference_compares_each_instances_quitting():
+    def quitting(rates: dict[str, float], seed: int) -> list[dict]:
+        rng = random.Random(seed)
+        return [{"task_id": t, "outcome": "failed", "changed_repo": rng.random() >= r}
+                for t, r in rates.items() for _ in range(4)]
+
+    rng = random.Random(4)
+    gated = {f"t{i}": rng.choice([0.0, 0.25, 0.5]) for i in range(50)}
+    flat = {t: min(1.0, r + 0.4) for t, r in gated.items()}
+    before, after = quitting(gated, 5), quitting(flat, 6)
+    diff = paired_difference(before, after, rates=instance_quit_rates)
+    assert diff["n_instances"] == 50 and 25 < diff["points"] < 55 and diff["ci"][0] > 0
+    assert instance_quit_rates(before + [{"task_id": "x", "outcome": "infra_error",
+                                          "changed_repo": False}]) == instance_quit_rates(before)
+    same = paired_difference(before, before, rates=instance_quit_rates)
+    assert same["points"] == 0 and same["ci"] == [0.0, 0.0]
 
 
 def test_the_quit_rate_counts_scored_episodes_that_left_the_repo_unchanged():

@@ -269,3 +269,30 @@ def test_one_row_a_pass_updates_the_weights_as_one_pass_over_the_group(tmp_path)
     assert max(float(u.abs().max()) for u in updates[0].values()) > 1e-4  # a real step
     for name, update in updates[0].items():
         assert torch.allclose(updates[1][name], update, rtol=1e-4, atol=1e-7), name
+
+
+def test_the_grpo_step_memory_benchmarks_quick_mode_measures_each_way_at_one_loss(tmp_path):
+    """`benchmarks/grpo_step_memory.py --quick`: the tiny model on made-up rows, each way of
+    training a group in a process of its own; the same loss each way, and the way the trainer
+    takes now peaks lower than scoring every position in one pass."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "grpo_step_memory.py"
+    out = tmp_path / "memory.json"
+    done = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    ways = results["variants"]
+    assert list(ways) == ["every_position_one_pass", "sampled_one_pass",
+                          "sampled_recomputed_row_by_row"]
+    losses = [w["loss"] for w in ways.values()]
+    assert all(math.isfinite(x) and math.isclose(x, losses[0], rel_tol=1e-4) for x in losses)
+    assert all(w["peak_rss_gib"] > w["model_loaded_rss_gib"] > 0 for w in ways.values())
+    before, now = (ways[k]["peak_rss_gib"] for k in ("every_position_one_pass",
+                                                     "sampled_recomputed_row_by_row"))
+    assert results["peak_ratio_now_vs_before"] == round(now / before, 3) < 1

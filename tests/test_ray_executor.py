@@ -261,6 +261,35 @@ def test_a_ray_rollout_row_without_an_agent_segment_gets_a_placeholder_from_a_lo
     assert len(rows["prompt_ids"][0]) > 10
 
 
+def test_a_runner_never_starts_an_episode_sent_before_a_stop_and_runs_those_sent_after(tiny):
+    """Ray runs an actor's calls on its threads in no fixed order, so an episode the executor
+    sent just before `stop_running` can begin on its node after the node's stop: each is sent
+    with the executor's stop count, and the runner treats one sent before a stop it has been
+    told of as a thread executor treats a queued one. No Ray here: the runner's own rule."""
+    from harness_gym.scaleout.node_runner import NodeRunner
+
+    class CountsStarts(OracleEngine):
+        started = 0
+
+        def on_episode_start(self, task):
+            super().on_episode_start(task)
+            self.started += 1
+
+    engine = CountsStarts(tiny)
+    task = load_tasks("builtin")[0]
+    runner = NodeRunner(EpisodeConfig.build(engine=engine, harness="pi", progress=False),
+                        f"stops-{os.getpid()}")
+    try:
+        runner.stop_running(stops=1)
+        early = runner.run(EpisodeRequest("pi", task), "sent-before", stops=0)
+        assert early.outcome == "infra_error" and early.error.endswith("stopped before it started")
+        assert engine.started == 0 and early.trace.n_llm_calls == 0
+        late = runner.run(EpisodeRequest("pi", task), "sent-after", stops=1)
+        assert late.outcome == "passed" and engine.started == 1
+    finally:
+        runner.close()
+
+
 def test_the_trainers_in_process_model_cannot_serve_a_ray_executor():
     with pytest.raises(ValueError, match="engine='vllm:URL'"):
         make_rollout_func(harness="pi", executor="ray")

@@ -15,7 +15,7 @@ from typing import Any
 from .config import PRESETS, STAGES, wanted
 from .plan import measured_units, plan, vllm_throughput
 from .process import log
-from .state import discarded
+from .state import discarded, earlier_sittings
 from .summary import headline_summary, paired_table, targets
 
 
@@ -50,32 +50,36 @@ class ResultsWriter:
     def write_results(self) -> dict[str, Any]:
         from harness_gym.training.report import plot_learning_curve, results_table
 
+        finished = {s: m for s in STAGES if (m := self.done(s)) is not None}
         stages: dict[str, Any] = {"eval": {}}
-        for stage in STAGES:
-            metrics = self.done(stage)
-            if metrics is None:
-                continue
+        for stage, metrics in finished.items():
             if stage.startswith("eval-"):
-                summary = metrics.pop("summary")
-                stages["eval"][stage[5:]] = {**summary, **metrics}
+                rest = {k: v for k, v in metrics.items() if k != "summary"}
+                stages["eval"][stage[5:]] = {**metrics["summary"], **rest}
             else:
                 stages[stage] = metrics
         results = {"mode": self.config.mode, "config": dataclasses.asdict(self.config),
                    "machine": {"cores": os.cpu_count()}, "stages": stages}
         # what this configuration runs and has not finished: a run still in progress says so
-        results["stages_pending"] = [s for s in wanted(list(STAGES), self.config)
-                                     if self.done(s) is None]
+        pending = [s for s in wanted(list(STAGES), self.config) if s not in finished]
+        results["stages_pending"] = pending
         results["times"] = {stage: {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"]}
-                            for stage in STAGES if (m := self.done(stage)) is not None}
+                            for stage, m in finished.items()}
         total = {k: sum(t[k] for t in results["times"].values()) for k in ("wall_s", "cpu_s")}
-        # stages run and then removed (a changed configuration) spent the budget too
+        # stages run and then removed (a changed configuration) spent the budget too, and so
+        # did the cut sittings of a stage not finished yet
         results["discarded"] = discarded(self.workdir)
         thrown = sum(e["wall_s"] or 0.0 for e in results["discarded"])
+        running = sum(s["wall_s"] for stage in pending
+                      for s in earlier_sittings(self.stage_dir(stage)))
         results["times_total"] = {**total, "wall_h": round(total["wall_s"] / 3600, 2),
                                   "cpu_h": round(total["cpu_s"] / 3600, 2),
                                   "discarded_wall_s": thrown,
                                   "discarded_wall_h": round(thrown / 3600, 2),
-                                  "spent_wall_h": round((total["wall_s"] + thrown) / 3600, 2)}
+                                  "unfinished_wall_s": running,
+                                  "unfinished_wall_h": round(running / 3600, 2),
+                                  "spent_wall_h": round((total["wall_s"] + thrown + running)
+                                                        / 3600, 2)}
         calib = stages.get("train-pass")
         results["calibration"] = None if calib is None else {
             "sft_train_pass_at_temperature": calib["summary"]["pass_at_1"],

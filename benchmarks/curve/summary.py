@@ -65,16 +65,16 @@ def targets(evals: dict[str, Any]) -> dict[str, Any]:
             out["tool_calls_drop_20pct_without_pass_loss"] = (
                 drop >= 0.20 and grpo["pass_at_1"] >= sft["pass_at_1"])
     flat = evals.get("grpo-flat")
-    if grpo and flat:  # the trap: lower pass@1 or more quitting than the gated arm
-        from harness_gym.training.evaluation import paired_difference
+    if grpo and flat:  # the trap: lower pass@1 or more quitting than the gated arm, CIs apart
+        from harness_gym.training.evaluation import instance_quit_rates, paired_difference
 
         gap = paired_difference(grpo["episodes"], flat["episodes"])
+        quits = paired_difference(grpo["episodes"], flat["episodes"], rates=instance_quit_rates)
         out["flat_minus_gated_points"], out["flat_minus_gated_ci"] = gap["points"], gap["ci"]
-        if flat["quit_rate"] is not None and grpo["quit_rate"] is not None:
-            out["flat_minus_gated_quit_rate"] = flat["quit_rate"] - grpo["quit_rate"]
-        out["flat_shows_the_trap"] = bool(
-            (gap["ci"] is not None and gap["ci"][1] < 0)
-            or out.get("flat_minus_gated_quit_rate", 0) > 0)
+        out["flat_minus_gated_quit_points"] = quits["points"]
+        out["flat_minus_gated_quit_ci"] = quits["ci"]
+        out["flat_shows_the_trap"] = bool((gap["ci"] is not None and gap["ci"][1] < 0)
+                                          or (quits["ci"] is not None and quits["ci"][0] > 0))
     return out
 
 

@@ -16,6 +16,13 @@ engine core, see `_unchunked`); the environment:
 The server gets its own process group (vLLM forks an engine-core process), so `stop()` signals
 the whole group and waits until no process of it is left. Its output goes to a log file; a
 server that exits while loading raises `VLLMServerError` with the log's last lines.
+
+A server also ends when the process that started it ends, however it ends (the OOM killer's
+SIGKILL runs no `finally`, and a full learning run's orphaned server once held its memory and a
+core): its group is led by a small lifeline process (`_LIFELINE`) that runs vLLM and reads a
+pipe whose only write end is ours. The kernel closes that end when we exit; the lifeline then
+SIGTERMs the group, SIGKILLs what is left `ORPHAN_GRACE_S` later, and removes the server's IPC
+directory. A pipe, not `PR_SET_PDEATHSIG`: that fires when the starting *thread* ends.
 """
 
 from __future__ import annotations
@@ -41,6 +48,35 @@ Progress = Callable[[str], None]
 STARTUP_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
 LOADING_STOP_TIMEOUT_S = 3.0
+ORPHAN_GRACE_S = 10.0
+# The server's group leader: vLLM's parent, and the end of the group once the pipe on fd
+# argv[1] reads EOF (its writer, the process that started the server, is gone). It ignores the
+# group's SIGTERM from `stop()` (vLLM's exit ends it) and exits as vLLM did.
+_LIFELINE = """
+import os, shutil, signal, subprocess, sys, threading, time
+pipe, grace, runtime_dir, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4:]
+server = subprocess.Popen(argv)
+orphan = threading.Event()
+def end_group():
+    shutil.rmtree(runtime_dir, ignore_errors=True)
+    os.killpg(0, signal.SIGKILL)
+def watch():
+    while os.read(pipe, 4096):
+        pass
+    orphan.set()
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(grace)
+    end_group()
+threading.Thread(target=watch, daemon=True).start()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+code = server.wait()
+if orphan.is_set():
+    end_group()
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
 # Starts on a fresh port after the picked one was taken before the server could bind it
 # (another process picked it too: `_free_port`'s race).
 PORT_ATTEMPTS = 3
@@ -106,6 +142,7 @@ class VLLMServer:
             log_path = name
         self.log_path = Path(log_path)
         self.process: subprocess.Popen[bytes] | None = None
+        self._lifeline: int | None = None  # the pipe's write end (module docstring)
         #: The server's process group (its first pid), kept after `stop()` for checks.
         self.group: int | None = None
         self.startup_s: float | None = None
@@ -146,10 +183,17 @@ class VLLMServer:
     def _launch(self) -> None:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
         env = {"VLLM_RPC_BASE_PATH": str(self.runtime_dir), **self.env}
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        # os.pipe's ends are not inherited by other children (the CLIs): the write end is ours
+        lifeline_read, self._lifeline = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _LIFELINE, str(lifeline_read),
+                     str(ORPHAN_GRACE_S), str(self.runtime_dir), *self.argv],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, pass_fds=(lifeline_read,))
+        finally:
+            os.close(lifeline_read)
         self.group = self.process.pid
 
     def _abandon(self, *, retrying: bool = False) -> None:
@@ -208,6 +252,9 @@ class VLLMServer:
             if process is not None:
                 self._stop_group(process, timeout_s)
         finally:
+            if self._lifeline is not None:  # after the group is gone: nothing reads it now
+                os.close(self._lifeline)
+                self._lifeline = None
             if self.runtime_dir is not None:
                 shutil.rmtree(self.runtime_dir, ignore_errors=True)
 

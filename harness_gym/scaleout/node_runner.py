@@ -30,6 +30,8 @@ from ..proxy.sessions import ProxySession
 from .runner_workspace import RunnerWorkspace
 
 WATCH_TICK_S = 0.1  # how often a watch looks at its sessions
+_STOPPED = threading.Event()  # the `stopping` of an episode sent before a stop
+_STOPPED.set()
 
 
 class NodeRunner:
@@ -46,6 +48,7 @@ class NodeRunner:
         self._sessions: dict[str, ProxySession | None] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._stops = 0  # the executor's stop count this runner has been told of
 
     def describe(self) -> dict[str, Any]:
         """Where this runner lives (also the executor's readiness probe)."""
@@ -54,9 +57,12 @@ class NodeRunner:
                 "engine": self.stack.engine.model_name, "harnesses": sorted(self.stack.runners),
                 "workspace": str(self.workspace.path), "guard_pid": self.workspace.guard_pid}
 
-    def run(self, request: EpisodeRequest, key: str) -> EpisodeResult:
-        """Run one episode; `key` is how `watch()` names it."""
-        with self._lock:
+    def run(self, request: EpisodeRequest, key: str, stops: int = 0) -> EpisodeResult:
+        """Run one episode; `key` is how `watch()` names it. `stops` is how many times the
+        executor had stopped its episodes when it sent this one: one sent before a stop this
+        runner has been told of never starts (an `infra_error`), whenever Ray begins it."""
+        with self._lock:  # the stop count and the stack's event are read together
+            stopping = self.stack.stopping if stops >= self._stops else _STOPPED
             self._sessions[key] = None
 
         def opened(session: ProxySession) -> None:
@@ -64,7 +70,7 @@ class NodeRunner:
                 self._sessions[key] = session
 
         try:
-            return self.stack.run(request, on_session=opened)
+            return self.stack.run(request, on_session=opened, stopping=stopping)
         finally:
             with self._lock:
                 self._sessions.pop(key, None)
@@ -90,10 +96,14 @@ class NodeRunner:
                 return {"running": running, "called": sorted(called)}
             self._closed.wait(WATCH_TICK_S)
 
-    def stop_running(self) -> None:
+    def stop_running(self, stops: int | None = None) -> None:
         """End this node's running episodes now (`EpisodeStack.stop_running`: each an
-        `infra_error`, its CLI killed); later ones run."""
-        self.stack.stop_running()
+        `infra_error`, its CLI killed), and those the executor sent before its `stops`-th stop
+        that have not begun yet; later ones run."""
+        with self._lock:
+            if stops is not None:
+                self._stops = max(self._stops, stops)
+            self.stack.stop_running()
 
     def close(self) -> None:
         """Release the stack (proxy, sandboxes, engine), then the workspace and its guard."""

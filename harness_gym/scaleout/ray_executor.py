@@ -164,6 +164,7 @@ class RayEpisodeExecutor:
         self._keys = itertools.count()
         self._cursor = itertools.count()
         self._warned_waiting = False
+        self._stops = 0  # stop_running calls so far (`_stop_running`)
         self._placements: deque[EpisodePlacement] = deque(maxlen=10_000)
         self._closed = False
         self._started: Future[None] = Future()
@@ -395,7 +396,7 @@ class RayEpisodeExecutor:
         episode.runner, episode.called, episode.deadline = runner, False, now + self._deadline_s
         episode.nodes.append(runner.node_id)
         runner.episodes[episode.key] = episode
-        ref = runner.actor.run.remote(episode.request, episode.key)
+        ref = runner.actor.run.remote(episode.request, episode.key, self._stops)
         self._when_done(ref, lambda f: self._on_result(runner, episode, f))
 
     def _on_result(self, runner: _Runner, episode: _Episode, answer: Future[EpisodeResult]) -> None:
@@ -459,9 +460,13 @@ class RayEpisodeExecutor:
         for episode in self._queue:
             self._resolve(episode, self._infra_error(episode, "stopped before it started"))
         self._queue.clear()
+        # An actor's calls run on its threads in no fixed order: an episode sent before this
+        # stop may begin after it. Each is sent with the stops so far, and a runner refuses
+        # one sent before the stop it has been told of (`NodeRunner.run`).
+        self._stops += 1
         for runner in self._runners.values():
             if runner.info is not None:  # a runner still starting has no episode yet
-                runner.actor.stop_running.remote()  # the actor's spare thread takes it
+                runner.actor.stop_running.remote(self._stops)  # the actor's spare thread
 
     def _kill(self, runner: _Runner) -> None:
         try:

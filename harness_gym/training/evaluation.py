@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -37,8 +37,8 @@ from ..config import EpisodeConfig
 from ..rewards import OUTCOMES
 from ..tasks.task import Task
 
-__all__ = ["EPISODE_FIELDS", "bootstrap_interval", "instance_pass_rates", "paired_difference",
-           "recorded_episodes", "run_tasks", "summarize", "wilson_interval"]
+__all__ = ["EPISODE_FIELDS", "bootstrap_interval", "instance_pass_rates", "instance_quit_rates",
+           "paired_difference", "recorded_episodes", "run_tasks", "summarize", "wilson_interval"]
 
 #: Outcomes that say nothing about the policy (the grader or sandbox failed): left out of pass@1.
 UNSCORED = ("infra_error",)
@@ -78,13 +78,29 @@ def instance_pass_rates(episodes: Sequence[Mapping[str, Any]]) -> dict[str, floa
     return {task: float(np.mean(values)) for task, values in samples.items()}
 
 
+def instance_quit_rates(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each instance's quit rate over its scored samples that say whether they changed the
+    repo (`summarize`'s quit rate, per instance)."""
+    samples: dict[str, list[float]] = {}
+    for e in episodes:
+        changed = _changed_repo(e)
+        if e["outcome"] not in UNSCORED and changed is not None:
+            samples.setdefault(str(e["task_id"]), []).append(float(not changed))
+    return {task: float(np.mean(values)) for task, values in samples.items()}
+
+
+RatesByInstance = Callable[[Sequence[Mapping[str, Any]]], dict[str, float]]
+
+
 def paired_difference(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]],
                       confidence: float = 0.95, *, resamples: int = 10_000,
-                      seed: int = 0) -> dict[str, Any]:
+                      seed: int = 0, rates: RatesByInstance | None = None) -> dict[str, Any]:
     """pass@1 of `after` minus `before`, in percentage points, over the instances both scored,
     with a paired bootstrap interval (instances resampled, each keeping both of its rates: the
-    per-instance difficulty cancels, so the interval is far narrower than two unpaired ones)."""
-    a, b = instance_pass_rates(before), instance_pass_rates(after)
+    per-instance difficulty cancels, so the interval is far narrower than two unpaired ones).
+    `rates` gives another per-instance rate to compare (`instance_quit_rates`: the quit rate)."""
+    rates = instance_pass_rates if rates is None else rates
+    a, b = rates(before), rates(after)
     shared = sorted(a.keys() & b.keys())
     diffs = [100.0 * (b[t] - a[t]) for t in shared]
     return {"points": float(np.mean(diffs)) if diffs else 0.0, "n_instances": len(shared),

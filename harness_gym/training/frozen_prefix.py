@@ -30,13 +30,19 @@ prefix forward follows `model.training` (SmolLM2 and Qwen2 have none).
 Why not packing: on a CPU a forward's cost grows with its tokens, so padding several rows into
 one batch or packing them into one sequence saves nothing, while each row still needs its own
 prefix; rows run one at a time (gradient accumulation gives larger batches).
+
+Memory: what a row keeps for its backward pass grows with its completion (a multi-turn
+episode's completion holds the tool output between its turns). Only the sampled positions get
+logits (`scored`), and each layer's MLP is recomputed in the backward pass; a trainer that runs
+one row a pass (gradient accumulation) then holds one row's graph at a time
+(`benchmarks/grpo_step_memory.py` measures it).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -66,8 +72,10 @@ class FrozenPrefixScorer:
     >>> logps.sum().backward()                               # gradient through positions 49..58
     """
 
-    def __init__(self, model: Any, *, cache_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, model: Any, *, cache_bytes: int = DEFAULT_MAX_BYTES,
+                 recompute_mlps: bool = True) -> None:
         self.model = model
+        self.recompute_mlps = recompute_mlps  # in training (`_recomputed_mlps`)
         self.cache = PrefixKVCache(model, max_bytes=cache_bytes)
         self._kwarg = cache_kwarg(model)
         self.frozen_tokens = 0  # prefix positions run without gradient (cache misses)
@@ -114,7 +122,7 @@ class FrozenPrefixScorer:
                 self._forward(ids[reused:frozen], kv, device)
             self.cache.add(ids[:frozen], kv)
             self.frozen_tokens += frozen - reused
-        with _recomputed_mlps(self.model):
+        with _recomputed_mlps(self.model) if self.recompute_mlps else nullcontext():
             logits = self._forward(ids[frozen:-1], kv, device, keep).float()
         self.grad_tokens += len(ids) - 1 - frozen
         if top_p < 1.0 or top_k > 0:

@@ -192,10 +192,16 @@ def readme_block(results: Mapping[str, Any], name: str) -> str:
             f"`{k}` = {_fmt(v)}" for k, v in targets.items()) + "."]
     times = results.get("times_total")
     if times:
-        spent = ""
+        spent, beside = "", []
         if times.get("discarded_wall_s"):  # stages run, then removed by a changed configuration
-            spent = (f"; with the {times['discarded_wall_h']:.2f} h of stages it ran and "
-                     f"then discarded, {times['spent_wall_h']:.2f} h of the budget are spent")
+            beside.append(f"the {times['discarded_wall_h']:.2f} h of stages it ran and then "
+                          "discarded")
+        if times.get("unfinished_wall_s"):  # the sittings so far of stages not finished yet
+            beside.append(f"the {times['unfinished_wall_h']:.2f} h so far of stages not "
+                          "finished yet")
+        if beside:
+            spent = (f"; with {' and '.join(beside)}, {times['spent_wall_h']:.2f} h of the "
+                     "budget are spent")
         lines += ["", (f"This run took {times['wall_h']:.2f} h of wall time "
                   f"({times['cpu_h']:.2f} CPU h) over its stages{spent}.")]
     plan = results.get("plan") or {}
