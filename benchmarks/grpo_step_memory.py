@@ -33,6 +33,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,19 @@ def load_rows(path: Path | None) -> dict[str, list[Any]]:
     return json.loads(gzip.decompress(path.read_bytes()))["rows"]
 
 
+def readable_adapter(adapter: Path, scratch: Path) -> Path:
+    """`adapter` as peft reads it: the run's state keeps its JSON files gzip-compressed
+    (`curve.state`), so those are written out plain into `scratch` beside the weights."""
+    if (adapter / "adapter_config.json").exists():
+        return adapter
+    for path in adapter.iterdir():
+        if path.name.endswith(".json.gz"):
+            (scratch / path.name[:-3]).write_bytes(gzip.decompress(path.read_bytes()))
+        else:
+            (scratch / path.name).symlink_to(path.resolve())
+    return scratch
+
+
 def load_model(quick: bool, adapter: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
@@ -81,7 +95,8 @@ def load_model(quick: bool, adapter: Path) -> Any:
         from harness_gym.training.lora import load_adapter
 
         base = AutoModelForCausalLM.from_pretrained(smollm2_model_dir(), dtype=torch.float32)
-        model = load_adapter(base, adapter, trainable=True)
+        with tempfile.TemporaryDirectory() as plain:
+            model = load_adapter(base, readable_adapter(adapter, Path(plain)), trainable=True)
     return model.train()
 
 
