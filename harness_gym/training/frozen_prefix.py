@@ -102,9 +102,9 @@ class FrozenPrefixScorer:
         `scored` (one flag per t) names the positions that carry a loss, the tokens the model
         sampled: the others (a tool's output the harness inserted) still run with gradient, as
         their keys and values feed the later tokens, but get no logits: logprob 0, entropy 0.
-        Why: each position's vocabulary-wide tensors are kept for the backward pass (measured
-        on a GRPO step of 4 rows, 4,955 completion tokens of which 1,398 sampled: peak 20.1 GB
-        scoring every position, 15.4 GB scoring the sampled ones, the loss the same)."""
+        Why: each position's vocabulary-wide tensors are kept for the backward pass (on a GRPO
+        step of 4 rows, 4,955 completion tokens of which 1,398 sampled, scoring only the sampled
+        ones cut the peak by about a quarter, the loss the same: `grpo_step_memory.json`)."""
         ids = [int(i) for i in ids]
         if not 1 <= start < len(ids):
             raise ValueError(f"start must be in [1, {len(ids)}) for a row of {len(ids)} tokens, "
@@ -157,9 +157,9 @@ class FrozenPrefixScorer:
 def _recomputed_mlps(model: Any) -> Iterator[None]:
     """Each decoder layer's MLP keeps only its input for the backward pass and runs again in it
     (activation checkpointing). Why: its intermediates are about a third of what a position keeps
-    (measured: a 2,626-token completion's peak 11.8 GB -> 9.1 GB, the step's time unchanged on
-    two cores). Only the MLP: attention updates the KV cache, which a second run would append to
-    twice. A no-op without gradient, and for models whose layers have no `.mlp`."""
+    (measured by hand: a row with a 2,626-token completion peaked about a quarter lower, its time
+    unchanged on two cores). Only the MLP: attention updates the KV cache, which a second run
+    would append to twice. A no-op without gradient, and for models whose layers have no `.mlp`."""
     if not (torch.is_grad_enabled() and model.training):
         yield
         return
