@@ -71,21 +71,25 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95, *,
 
 def instance_pass_rates(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Each instance's pass rate over its scored samples (`infra_error` ones left out)."""
-    samples: dict[str, list[float]] = {}
-    for e in episodes:
-        if e["outcome"] not in UNSCORED:
-            samples.setdefault(str(e["task_id"]), []).append(float(e["outcome"] == "passed"))
-    return {task: float(np.mean(values)) for task, values in samples.items()}
+    return _per_instance(episodes, lambda e: float(e["outcome"] == "passed"))
 
 
 def instance_quit_rates(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Each instance's quit rate over its scored samples that say whether they changed the
     repo (`summarize`'s quit rate, per instance)."""
+    def quit(e: Mapping[str, Any]) -> float | None:
+        changed = _changed_repo(e)
+        return None if changed is None else float(not changed)
+    return _per_instance(episodes, quit)
+
+
+def _per_instance(episodes: Sequence[Mapping[str, Any]],
+                  value: Callable[[Mapping[str, Any]], float | None]) -> dict[str, float]:
+    """Each instance's mean `value` over its scored samples, those valued None left out."""
     samples: dict[str, list[float]] = {}
     for e in episodes:
-        changed = _changed_repo(e)
-        if e["outcome"] not in UNSCORED and changed is not None:
-            samples.setdefault(str(e["task_id"]), []).append(float(not changed))
+        if e["outcome"] not in UNSCORED and (v := value(e)) is not None:
+            samples.setdefault(str(e["task_id"]), []).append(v)
     return {task: float(np.mean(values)) for task, values in samples.items()}
 
 

