@@ -4,6 +4,7 @@ that hangs up stops generation and leaves an incomplete (never corrupt) trace en
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import httpx
@@ -17,16 +18,21 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 
 
 class SlowFirstToken(RecordingEngine):
-    """A real engine behind a slow prefill: the first chunk waits `delay_s`."""
+    """A real engine behind a slow prefill: the first chunk waits `delay_s`. Each call's
+    record says whether its stream was closed (`closed`)."""
 
     def __init__(self, inner: Engine, delay_s: float) -> None:
         super().__init__(inner)
         self.delay_s = delay_s
 
     async def _stream(self, inner, record):
-        await asyncio.sleep(self.delay_s)
-        async for chunk in super()._stream(inner, record):
-            yield chunk
+        record["closed"] = False
+        try:
+            await asyncio.sleep(self.delay_s)
+            async for chunk in super()._stream(inner, record):
+                yield chunk
+        finally:
+            record["closed"] = True
 
 
 def test_the_first_token_reaches_the_client_long_before_generation_ends(tiny):
@@ -95,6 +101,31 @@ def test_a_slow_prefill_is_covered_by_pings_in_every_dialect(tiny):
         answer = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             model="m", messages=MESSAGES, stream=True) if c.choices)
         assert isinstance(answer, str)
+
+
+def test_a_client_that_hangs_up_during_the_prefill_ends_its_call_cleanly(tiny, caplog):
+    """The first chunk is awaited by a task of its own. A hang-up before it came once closed
+    the engine's stream while that task was still inside it ("aclose(): asynchronous generator
+    is already running"): the hang-up was logged as an engine failure."""
+    engine = SlowFirstToken(tiny, delay_s=60)
+    settings = ProxySettings(first_token_grace_s=0.05, keepalive_s=0.1)
+    with InterceptionProxy(engine, settings=settings) as proxy:
+        session = proxy.open_session(sampling={"max_tokens": 4})
+        headers = {"authorization": f"Bearer {session.session_id}"}
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        for pings in (0, 2):  # hang up before a byte is read, then after two pings
+            with httpx.stream("POST", proxy.base_url + "/chat/completions", json=body,
+                              headers=headers, timeout=30) as response:
+                lines = response.iter_lines()
+                while pings:
+                    pings -= next(lines) == ": keep-alive"
+            deadline = time.monotonic() + 10
+            while not (engine.calls[-1]["closed"] and session.calls_in_flight == 0):
+                assert time.monotonic() < deadline, (engine.calls[-1], session.calls_in_flight)
+                time.sleep(0.05)
+        assert len(engine.calls) == 2 and all(c["token_ids"] == [] for c in engine.calls)
+    assert not [r for r in caplog.records if "stream aborted" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_a_body_over_the_limit_gets_413_and_a_runaway_session_429_in_each_dialect(tiny):

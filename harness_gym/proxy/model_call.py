@@ -111,10 +111,7 @@ class PreparedCall:
             self._abort()
             raise
         finally:
-            # Shielded: when the client went away this runs inside a cancelled scope, and the
-            # engine must still hear that the request is over.
-            with anyio.CancelScope(shield=True):
-                await self._stream.aclose()
+            await self._close_stream()
         yield self._commit(answer, text.stop_hit)
 
     def _commit(self, answer: ParsedAnswer, stop_hit: str | None) -> CallFinished:
@@ -135,7 +132,6 @@ class PreparedCall:
     def _abort(self) -> None:
         """Keep what was sampled before the call ended early, marked incomplete (unless the
         session ended: its trace is final)."""
-        self._first.cancel()
         self.completion.finish_reason = "abort"
         self.session.bridge.record_aborted(self.plan, self.completion, self._elapsed())
         self._report(finished=True)
@@ -153,8 +149,18 @@ class PreparedCall:
         if self._consumed:
             return
         self._consumed = True
+        await self._close_stream()
+
+    async def _close_stream(self) -> None:
+        """Tell the engine the request is over. The first chunk is read by a task of its own:
+        that task must have left the stream before it is closed (closing a generator another
+        task is inside raises). Shielded: when the client went away this runs inside a
+        cancelled scope, and the engine must still hear of it."""
         self._first.cancel()
         with anyio.CancelScope(shield=True):
+            await asyncio.wait({self._first})
+            if not self._first.cancelled():
+                self._first.exception()  # marked read: the call has ended without it
             await self._stream.aclose()
 
     def _take_server_version(self) -> None:
