@@ -108,6 +108,7 @@ def test_the_rollout_func_refills_flat_oracle_groups_through_pi_and_logs_the_cou
     assert out["outcome"] == ["passed", "passed"] and out["task_id"] == [task.instance_id] * 2
     assert rollout.sampling_stats == [{"step": 3, "groups": 1, "kept": 0,
                                        "dropped_zero_variance": 2, "refilled": 0, "masked": 1,
-                                       "extra_draws": 1}]
+                                       "extra_draws": 1, "batch_passed": 2, "run_episodes": 4,
+                                       "run_passed": 4}]
     assert all(set(mask) == {0} for mask in out["env_mask"])  # not trained on
     assert len(set(drawn)) == 1 and drawn[0] != task.instance_id  # a new task was run

@@ -79,13 +79,13 @@ import numpy as np
 
 from ..config import EpisodeConfig
 from ..engines import Engine, load_engine
+from ..engines.lora_merge import merged_named_parameters
 from ..engines.transformers_engine import TransformersEngine, default_stop_token_ids
 from ..scaleout.executors import ExecutorSpec, executor_factory
 from ..scaleout.ray_cluster import RayCluster
 from ..tasks.loader import TaskSpec, load_tasks
 from ..tasks.task import Task
 from ..trace import TraceSegment
-from ..engines.lora_merge import merged_named_parameters
 from .dynamic_sampling import DynamicSampling, refill_groups
 
 if TYPE_CHECKING:
@@ -120,7 +120,10 @@ def make_rollout_func(
     the episodes run, as `make_vec` takes it ("threads", "ray", a `RayCluster`).
     `dynamic_sampling` (a `DynamicSampling`, or its `max_extra_draws` as an int) replaces
     groups whose rewards are all equal by freshly drawn ones and masks what is left out of the
-    loss (`integrations/dynamic_sampling.py`); each call's counts go to `sampling_stats`.
+    loss (`integrations/dynamic_sampling.py`); each call's counts go to `sampling_stats`, with
+    `batch_passed` (passes among the batch's own episodes, before any refill), `run_episodes`
+    and `run_passed` (every episode run, the drawn groups' included): the rows trained on
+    favour groups with a pass, so only these say how often the policy passes.
     `weight_sync` pushes the trainer's weights into the engine's vLLM server whenever the step
     has moved (see the module docstring).
     """
@@ -205,11 +208,22 @@ class HarnessRolloutFunc:
         if self.dynamic_sampling is not None and group > 1:
             version = int(trainer.state.global_step)
             in_batch = {t.instance_id for t in tasks}
+            # Refills favour groups with a pass, so the rows trained on overstate how often the
+            # policy passes: count the batch's own episodes, and every episode run, apart.
+            batch_passed = rows["outcome"].count("passed")
+            ran = list(rows["outcome"])
+
+            def run_drawn(drawn: list[Task]) -> dict[str, list[Any]]:
+                new = self._run([t for t in drawn for _ in range(group)], group, trainer)
+                ran.extend(new["outcome"])
+                return new
+
             rows, stats = refill_groups(
                 rows, group, [t for t in self.tasks if t.instance_id not in in_batch],
-                lambda drawn: self._run([t for t in drawn for _ in range(group)], group, trainer),
-                self.dynamic_sampling, step=version)
-            self.sampling_stats.append({"step": version, **stats})
+                run_drawn, self.dynamic_sampling, step=version)
+            self.sampling_stats.append({"step": version, **stats, "batch_passed": batch_passed,
+                                        "run_episodes": len(ran),
+                                        "run_passed": ran.count("passed")})
             log.info("dynamic sampling, step %d: %s", version, stats)
         return rows
 
