@@ -210,8 +210,8 @@ class HarnessRolloutFunc:
             in_batch = {t.instance_id for t in tasks}
             # Refills favour groups with a pass, so the rows trained on overstate how often the
             # policy passes: count the batch's own episodes, and every episode run, apart.
-            batch_passed = rows["outcome"].count("passed")
             ran = list(rows["outcome"])
+            batch_passed = ran.count("passed")
 
             def run_drawn(drawn: list[Task]) -> dict[str, list[Any]]:
                 new = self._run([t for t in drawn for _ in range(group)], group, trainer)
